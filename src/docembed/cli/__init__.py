@@ -1,0 +1,112 @@
+"""The `docembed` command line: a Typer root with the global options, and one small module per command
+group. Command modules import only typer and the standard library at import time, so `docembed --help`
+answers instantly; models, torch and numpy are imported inside the commands."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import typer
+
+from docembed import __version__
+from docembed.runtime import settings
+
+app = typer.Typer(
+    name="docembed",
+    help="Document embeddings from the command line: encode, compare, rerank, search, train, evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+# One module per command group; each defines register(app).
+COMMAND_MODULES = [
+    "encode",
+    "compare",
+    "index",
+    "models",
+    "train_pv",
+    "evaluate",
+    "train_nugget",
+    "train_distill",
+    "train_quickthoughts",
+    "train_setenc",
+    "plot",
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"docembed {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    device: str = typer.Option("auto", "--device", help="auto | cpu | cuda (or cuda:N)."),
+    seed: int = typer.Option(0, "--seed", help="Seed for every random choice (shuffles, init, sampling)."),
+    quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars or informational messages."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="More detail on stderr."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print version."),
+) -> None:
+    if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
+        raise typer.BadParameter("expected auto, cpu, cuda or cuda:N", param_hint="--device")
+    settings.device, settings.seed, settings.quiet, settings.verbose = device, seed, quiet, verbose
+    from docembed.runtime import seed_everything
+
+    seed_everything(seed)
+
+
+for _name in COMMAND_MODULES:
+    try:
+        importlib.import_module(f"docembed.cli.{_name}").register(app)
+    except ModuleNotFoundError as _error:  # a command group not built yet in this checkout
+        if _error.name != f"docembed.cli.{_name}":
+            raise
+
+
+def _quiet_libraries() -> None:
+    # Keep stderr for docembed's own messages: no hub progress bars, no transformers chatter, no hub calls
+    # for the offline models (users with network can set HF_HUB_OFFLINE=0).
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> None:
+    """Console entry point: user errors become one line and an exit status, never a traceback."""
+    from docembed.errors import DocembedError
+
+    from typer import Abort
+
+    try:  # newer typer vendors click as typer._click; older typer uses click itself
+        from typer._click.exceptions import ClickException
+    except ImportError:  # pragma: no cover
+        from click.exceptions import ClickException
+
+    _quiet_libraries()
+    try:
+        code = app(standalone_mode=False)
+    except ClickException as error:  # bad option or argument: usage error, exit 2
+        error.show()
+        code = error.exit_code
+    except Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        print("docembed: interrupted", file=sys.stderr)
+        code = 130
+    except KeyboardInterrupt:
+        print("docembed: interrupted", file=sys.stderr)
+        code = 130
+    except DocembedError as error:
+        print(f"docembed: error: {error}", file=sys.stderr)
+        code = error.exit_code
+    except BrokenPipeError:
+        # stdout closed early (e.g. `| head`): stop quietly, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 0
+    sys.exit(code or 0)

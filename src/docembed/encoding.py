@@ -1,0 +1,33 @@
+"""Streaming a corpus through an Encoder into an EmbeddingSet (what `docembed encode` runs)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+from docembed.io.embeddings import EmbeddingSet, concat_vectors
+from docembed.io.readers import Document, batched
+from docembed.models.base import Encoder
+from docembed.runtime import progress_bar
+
+
+def encode_documents(
+    model: Encoder,
+    documents: Iterable[Document],
+    batch_size: int = 32,
+    chunk_size: int = 1024,
+    total: int | None = None,
+) -> EmbeddingSet:
+    """Encode `documents` chunk by chunk: memory holds one chunk of text plus the output so far."""
+    ids: list[str] = []
+    parts = []
+    started = time.perf_counter()
+    with progress_bar(f"encode [{model.name}]", total=total) as bar:
+        for chunk in batched(documents, chunk_size):
+            parts.append(model.encode([doc.text for doc in chunk], batch_size=batch_size))
+            ids.extend(doc.id for doc in chunk)
+            bar.advance(len(chunk))
+            bar.update(docs_per_s=len(ids) / max(time.perf_counter() - started, 1e-9))
+    if not parts:  # an empty input still gets a well-formed (empty) output
+        parts = [model.encode([], batch_size=batch_size)]
+    return EmbeddingSet(concat_vectors(parts), ids, model.metadata())

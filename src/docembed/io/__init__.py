@@ -1,0 +1,1 @@
+"""Reading documents and reading/writing embeddings."""

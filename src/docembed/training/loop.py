@@ -1,0 +1,322 @@
+"""The one training loop every recipe runs through: plain PyTorch, readable top to bottom.
+
+The same code runs on one device and under `torchrun --nproc_per_node N`:
+- DDP is set up from RANK / WORLD_SIZE / LOCAL_RANK (gloo on CPU, nccl on GPU).
+- A recipe yields the *global* sequence of batches for an epoch, identical on every rank (it is seeded
+  by seed + epoch); rank r trains on batches r, r + N, r + 2N, ... So each method's batching rules
+  (QuickThoughts' runs of consecutive sentences, length buckets) hold under DDP unchanged, and "the batch"
+  that a batch-dependent loss sees (Soft CCA's covariance, uniformity) is the per-rank batch.
+- The checkpoint records how many global batches of the current epoch are done, so a run can resume
+  with a different number of ranks.
+- Only rank 0 writes checkpoints, the log and the final model; logged losses are averaged over ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from docembed.runtime import log, progress_bar, resolve_device
+
+
+@dataclass
+class TrainConfig:
+    output_dir: str
+    epochs: int = 1
+    max_steps: int | None = None  # optimizer steps; stops early when reached
+    lr: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 0
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    amp: str = "auto"  # auto (bf16/fp16 on CUDA, off on CPU) | off | bf16 | fp16
+    log_every: int = 10
+    save_every: int = 500  # optimizer steps between checkpoints (and one at the end of each epoch)
+    resume: bool = False
+    seed: int = 0
+    device: str = "auto"
+    time_budget_s: float | None = None  # stop (and save) after this many seconds of training
+
+
+class Recipe(ABC):
+    """What one training method contributes to the shared loop."""
+
+    #: the unit counted for throughput, e.g. "tokens", "sentences", "docs"
+    unit: str = "items"
+
+    def __init__(self):
+        self.module: nn.Module  # forward(batch) -> {"loss": tensor, other scalar terms...}
+
+    @abstractmethod
+    def batches(self, epoch: int) -> Iterable[Any]:
+        """The global, deterministic sequence of batches for `epoch` (same on every rank)."""
+
+    @abstractmethod
+    def save(self, directory: Path) -> None:
+        """Write the trained Encoder (config.json + model.safetensors) to `directory`."""
+
+    def batch_units(self, batch: Any) -> int:
+        """How many `unit`s a batch holds (for throughput)."""
+        return len(batch)
+
+    def to_device(self, batch: Any, device: str) -> Any:
+        if isinstance(batch, torch.Tensor):
+            return batch.to(device, non_blocking=True)
+        if isinstance(batch, dict):
+            return {k: self.to_device(v, device) for k, v in batch.items()}
+        if isinstance(batch, (list, tuple)):
+            return type(batch)(self.to_device(v, device) for v in batch)
+        return batch
+
+    def num_batches(self, epoch: int) -> int | None:
+        """Optional: the number of global batches per epoch, for the progress bar."""
+        return None
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_environ(cls) -> DistEnv:
+        return cls(
+            int(os.environ.get("RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)),
+            int(os.environ.get("LOCAL_RANK", 0)),
+        )
+
+
+def _setup_distributed(device: str) -> tuple[DistEnv, str]:
+    env = DistEnv.from_environ()
+    if env.world_size > 1:
+        import torch.distributed as dist
+
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        if device.startswith("cuda"):
+            device = f"cuda:{env.local_rank}"
+            torch.cuda.set_device(device)
+        if not dist.is_initialized():
+            dist.init_process_group(backend=backend)
+    return env, device
+
+
+def _autocast(device: str, amp: str):
+    if amp == "off" or not device.startswith("cuda"):
+        return nullcontext(), None
+    dtype = torch.float16 if amp == "fp16" else torch.bfloat16
+    if amp == "auto" and not torch.cuda.is_bf16_supported():
+        dtype = torch.float16
+    scaler = torch.amp.GradScaler("cuda") if dtype == torch.float16 else None
+    return torch.autocast("cuda", dtype=dtype), scaler
+
+
+def _lr_at(step: int, config: TrainConfig) -> float:
+    if config.warmup_steps and step < config.warmup_steps:
+        return config.lr * (step + 1) / config.warmup_steps
+    return config.lr
+
+
+def _reduce_mean(values: dict[str, float], env: DistEnv, device: str) -> dict[str, float]:
+    if env.world_size == 1 or not values:
+        return values
+    import torch.distributed as dist
+
+    keys = sorted(values)
+    tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
+    dist.all_reduce(tensor)
+    return {k: float(v) / env.world_size for k, v in zip(keys, tensor.tolist(), strict=True)}
+
+
+class Checkpoint:
+    """`<output_dir>/checkpoint/`: module weights (safetensors), optimizer state, loop position."""
+
+    def __init__(self, output_dir: Path):
+        self.dir = output_dir / "checkpoint"
+
+    def exists(self) -> bool:
+        return (self.dir / "state.json").exists()
+
+    def save(self, module: nn.Module, optimizer, state: dict) -> None:
+        from safetensors.torch import save_file
+
+        tmp = self.dir.with_name("checkpoint.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
+        save_file(_dedupe(tensors), str(tmp / "model.safetensors"))
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        if self.dir.exists():
+            for f in self.dir.iterdir():
+                f.unlink()
+            self.dir.rmdir()
+        tmp.rename(self.dir)
+
+    def load(self, module: nn.Module, optimizer, device: str) -> dict:
+        from safetensors.torch import load_file
+
+        module.load_state_dict(load_file(str(self.dir / "model.safetensors"), device=device), strict=False)
+        optimizer.load_state_dict(torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True))
+        return json.loads((self.dir / "state.json").read_text())
+
+
+def _dedupe(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    # safetensors refuses tensors sharing storage (tied embeddings); clone the repeats.
+    seen, out = set(), {}
+    for key, t in tensors.items():
+        ptr = (t.data_ptr(), t.numel())
+        out[key] = t.clone() if ptr in seen and t.numel() else t
+        seen.add(ptr)
+    return out
+
+
+def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
+    """Run `recipe` to completion; returns a summary (steps, seconds, throughput, last losses)."""
+    device = resolve_device(config.device)
+    env, device = _setup_distributed(device)
+    torch.manual_seed(config.seed + env.rank)
+    output_dir = Path(config.output_dir)
+    if env.is_main:
+        output_dir.mkdir(parents=True, exist_ok=True)
+
+    module = recipe.module.to(device)
+    model: nn.Module = module
+    if env.world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [torch.device(device).index] if device.startswith("cuda") else None
+        model = DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True)
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    autocast, scaler = _autocast(device, config.amp)
+
+    checkpoint = Checkpoint(output_dir)
+    step, epoch, done_in_epoch = 0, 0, 0
+    if config.resume and checkpoint.exists():
+        state = checkpoint.load(module, optimizer, device)
+        step, epoch, done_in_epoch = state["step"], state["epoch"], state["batches_done_in_epoch"]
+        log(f"resumed from {checkpoint.dir}: step {step}, epoch {epoch}, batch {done_in_epoch}")
+
+    log_path = output_dir / "train_log.jsonl"
+    started = time.perf_counter()
+    units_total = 0
+    last: dict[str, float] = {}
+    stop = False
+    position = {"step": step, "epoch": epoch, "batches_done_in_epoch": done_in_epoch}
+    module.train()
+    with progress_bar(f"train {type(recipe).__name__}", total=config.max_steps) as bar:
+        while epoch < config.epochs and not stop:
+            window = {"units": 0, "t0": time.perf_counter(), "sums": {}, "n": 0}
+            micro = 0
+            for index, batch in enumerate(_skip(recipe.batches(epoch), done_in_epoch)):
+                global_index = done_in_epoch + index
+                if global_index % env.world_size != env.rank:
+                    continue
+                batch = recipe.to_device(batch, device)
+                # Skip the gradient all-reduce on accumulation micro-steps (no_sync), as DDP intends.
+                sync = (micro + 1) % config.grad_accum == 0
+                ctx = model.no_sync() if env.world_size > 1 and not sync else nullcontext()
+                with ctx, autocast:
+                    terms = model(batch)
+                    loss = terms["loss"] / config.grad_accum
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower the lr")
+                (scaler.scale(loss) if scaler else loss).backward()
+                micro += 1
+                units = recipe.batch_units(batch)
+                window["units"] += units
+                units_total += units
+                for k, v in terms.items():
+                    window["sums"][k] = window["sums"].get(k, 0.0) + float(v.detach())
+                window["n"] += 1
+                if not sync:
+                    continue
+                for group in optimizer.param_groups:
+                    group["lr"] = _lr_at(step, config)
+                if scaler:
+                    scaler.unscale_(optimizer)
+                if config.max_grad_norm:
+                    nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                if scaler:
+                    scaler.step(optimizer)
+                    scaler.update()
+                else:
+                    optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                bar.advance()
+                position = {"step": step, "epoch": epoch, "batches_done_in_epoch": global_index + 1}
+                if step % config.log_every == 0:
+                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
+                if env.is_main and step % config.save_every == 0:
+                    checkpoint.save(module, optimizer, position)
+                out_of_time = config.time_budget_s and time.perf_counter() - started > config.time_budget_s
+                if (config.max_steps and step >= config.max_steps) or out_of_time:
+                    stop = True
+                    break
+            if window["n"]:
+                last = _log_window(window, env, device, position, recipe.unit, log_path, bar) or last
+            if not stop:
+                epoch, done_in_epoch = epoch + 1, 0
+                position = {"step": step, "epoch": epoch, "batches_done_in_epoch": 0}
+            if env.is_main:
+                checkpoint.save(module, optimizer, position)
+
+    seconds = time.perf_counter() - started
+    units_all = _reduce_mean({"u": float(units_total)}, env, device)["u"] * env.world_size
+    summary = {
+        "steps": step,
+        "epochs_completed": epoch,
+        "seconds": round(seconds, 2),
+        f"{recipe.unit}_per_s": round(units_all / max(seconds, 1e-9), 1),
+        "world_size": env.world_size,
+        "device": device,
+        "last": last,
+        "config": asdict(config),
+    }
+    if env.is_main:
+        module.eval()
+        recipe.save(output_dir)
+        (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    if env.world_size > 1:
+        import torch.distributed as dist
+
+        dist.barrier()
+        dist.destroy_process_group()
+    return summary
+
+
+def _skip(batches: Iterable[Any], n: int) -> Iterator[Any]:
+    for i, batch in enumerate(batches):
+        if i >= n:
+            yield batch
+
+
+def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dict[str, float]:
+    n = max(window["n"], 1)
+    means = {k: v / n for k, v in window["sums"].items()}
+    elapsed = max(time.perf_counter() - window["t0"], 1e-9)
+    means[f"{unit}/s"] = window["units"] * env.world_size / elapsed
+    means = _reduce_mean(means, env, device)
+    if env.is_main:
+        bar.update(**{k: v for k, v in means.items()})
+        with open(log_path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps({**position, **{k: round(v, 6) for k, v in means.items()}}) + "\n")
+    window.update(units=0, t0=time.perf_counter(), sums={}, n=0)
+    return {k: v for k, v in means.items() if math.isfinite(v)}
