@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from docembed.errors import DocembedError
 from docembed.io.embeddings import EmbeddingSet, concat_vectors
 from docembed.io.readers import Document, batched
 from docembed.models.base import Encoder
-from docembed.runtime import progress_bar
+from docembed.runtime import debug, progress_bar
 
 
 def encode_documents(
@@ -27,7 +28,8 @@ def encode_documents(
             parts.append(model.encode([doc.text for doc in chunk], batch_size=batch_size))
             ids.extend(doc.id for doc in chunk)
             bar.advance(len(chunk))
+            debug(f"encoded chunk {len(parts)} ({len(ids)} documents so far)")
             bar.update(docs_per_s=len(ids) / max(time.perf_counter() - started, 1e-9))
-    if not parts:  # an empty input still gets a well-formed (empty) output
-        parts = [model.encode([], batch_size=batch_size)]
+    if not parts:
+        raise DocembedError("no documents to encode: the input is empty")
     return EmbeddingSet(concat_vectors(parts), ids, model.metadata())

@@ -92,6 +92,8 @@ def main() -> None:
     _quiet_libraries()
     try:
         code = app(standalone_mode=False)
+        if code == 130:  # typer turns Ctrl-C inside a command into exit code 130
+            print("docembed: interrupted", file=sys.stderr)
     except ClickException as error:  # bad option or argument: usage error, exit 2
         error.show()
         code = error.exit_code

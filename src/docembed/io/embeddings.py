@@ -358,12 +358,14 @@ def _load_jsonl(target: Path) -> EmbeddingSet:
             row = json.loads(line)
             ids.append(str(row["id"]))
             if "vectors" in row:
-                multi.append(np.asarray(row["vectors"], dtype=np.float32).reshape(len(row["vectors"]), -1))
+                multi.append(np.asarray(row["vectors"], dtype=np.float32))
                 positions.append(np.asarray(row.get("positions", []), dtype=np.int64))
             else:
                 dense.append(row["vector"])
     metadata = _read_meta(_sidecar(target, "meta.json"))
     if multi:
+        dim = metadata.get("dim") or max((m.shape[-1] for m in multi if m.size), default=0)
+        multi = [m.reshape(len(m), dim) for m in multi]
         keep_positions = all(len(p) == len(m) for p, m in zip(positions, multi, strict=True))
         data: Vectors = MultiVectors.from_list(multi, positions if keep_positions else None)
     else:

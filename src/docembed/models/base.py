@@ -91,13 +91,16 @@ class Encoder(ABC):
         return self.config.hash()
 
     def metadata(self) -> dict[str, Any]:
-        return {
+        meta = {
             "model": self.name,
             "family": self.family,
             "config_hash": self.config_hash(),
             "normalized": self.normalized,
             "docembed_version": __version__,
         }
+        if self.source:
+            meta["model_source"] = self.source
+        return meta
 
     def encode_stream(
         self, texts: Iterable[str], batch_size: int = 32, chunk_size: int = 1024

@@ -46,8 +46,9 @@ class SBertEncoder(Encoder):
         source = _path or resolve_sbert(config.model_name_or_path)
         try:
             self.model = SentenceTransformer(source, device=device)
-        except (OSError, ValueError) as error:
-            raise DocembedError(f"cannot load sentence-transformers model {source!r}: {error}") from None
+        except Exception as error:  # hub errors, missing files, truncated safetensors all land here
+            error_type = CorruptModelError if _path else DocembedError
+            raise error_type(f"cannot load sentence-transformers model {source!r}: {error}") from None
         if config.max_seq_length:
             self.model.max_seq_length = config.max_seq_length
 

@@ -1,0 +1,254 @@
+"""Set encoder on 20 Newsgroups against tfidf, Paragraph Vector (same training text) and glove-avg, one run.
+
+For every model, on the 20 Newsgroups test split (7,532 posts):
+- the evaluation harness' numbers: linear-probe accuracy (`docembed evaluate 20newsgroups`: probe trained on
+  the train split) and leave-one-out kNN accuracy (k=10) and MAP@100 (`20newsgroups-retrieval`: each test
+  post queries the others, same newsgroup = relevant);
+- Wang & Isola's geometry of its test embeddings, L2-normalised: alignment = mean ||f(a) - f(b)||^2 over
+  the two random halves (a, b) of each test post (one seeded shuffle of its word tokens, split at len // 2,
+  the same halves for every model; posts with < 2 tokens left out), and uniformity = log mean_{i<j}
+  exp(-t ||f(x_i) - f(x_j)||^2) over all pairs of whole test posts, for t = 2 (the paper's) and t = 3 (our
+  training default). tfidf is measured on the sparse tf-idf rows it retrieves with;
+- encode throughput (docs/s) on the test posts, one thread, and its ratio to tfidf's and PV's inference;
+- t-SNE maps of the set encoder and tfidf (its 256-d LSA `encode()` output) test embeddings, coloured by
+  newsgroup: setenc_20ng_tsne.png and tfidf_20ng_tsne.png in out_dir.
+
+Models: the set encoder from `SETENC_MODEL` (default runs/setenc-20ng), else one trained here on
+20newsgroups/train (quick: 3 minutes; full: 20 minutes); PV from `PV_MODEL` (default runs/pv-20ng), else
+trained here with `docembed train-pv` defaults on 20newsgroups/train (quick: 5 epochs); tfidf fitted on
+20newsgroups/train by the harness; glove-avg as shipped. Quick mode (default) evaluates a stratified 2,000
+test and train posts; full=True the whole splits.
+
+    OMP_NUM_THREADS=1 .venv/bin/python bench/bench_setenc.py [--full] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DOCEMBED = [str(pathlib.Path(sys.executable).with_name("docembed"))]
+
+
+def _docembed(*args: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    subprocess.run([*DOCEMBED, "-q", *args], check=True, env=env, cwd=ROOT)
+
+
+def _setenc_model(full: bool, out_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
+    path = pathlib.Path(os.environ.get("SETENC_MODEL", ROOT / "runs" / "setenc-20ng"))
+    if (path / "config.json").exists():
+        return path, "existing"
+    path = out_dir / "setenc-model"
+    budget = "1200" if full else "180"
+    _docembed("train-setenc", "20newsgroups/train", "-o", str(path), "--time-budget", budget)
+    return path, f"trained here, --time-budget {budget}"
+
+
+def _pv_model(full: bool, out_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
+    from docembed import datasets
+
+    path = pathlib.Path(os.environ.get("PV_MODEL", ROOT / "runs" / "pv-20ng"))
+    if (path / "config.json").exists():
+        return path, "existing"
+    path = out_dir / "pv-model"
+    corpus = str(datasets.dataset_path("20newsgroups/train"))
+    extra = [] if full else ["--epochs", "5"]
+    _docembed("train-pv", corpus, "-o", str(path), "--workers", "1", "--encode-workers", "1", *extra)
+    return path, "trained here" + ("" if full else " (5 epochs)")
+
+
+def halves(texts: list[str], seed: int = 0) -> tuple[list[str], list[str], list[int]]:
+    """Two random disjoint halves of each text's word tokens (joined by spaces), and which texts had them."""
+    from docembed.models.set_encoder import word_tokens
+    from docembed.training.setenc_recipe import split_views
+
+    rng = np.random.default_rng(seed)
+    lefts, rights, kept = [], [], []
+    for i, text in enumerate(texts):
+        tokens = np.array(word_tokens(text), dtype=object)
+        if len(tokens) < 2:
+            continue
+        left, right = split_views(tokens, rng)
+        lefts.append(" ".join(left))
+        rights.append(" ".join(right))
+        kept.append(i)
+    return lefts, rights, kept
+
+
+def _unit_rows(x):
+    import scipy.sparse as sp
+
+    if sp.issparse(x):
+        norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1))).ravel()
+        return sp.diags(1.0 / np.maximum(norms, 1e-12)) @ x
+    x = np.asarray(x, dtype=np.float64)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def geometry(whole, left, right, ts=(2.0, 3.0)) -> dict:
+    """Wang & Isola's alignment (halves) and uniformity (whole documents, all pairs i<j) of unit rows."""
+    import scipy.sparse as sp
+
+    left, right, whole = _unit_rows(left), _unit_rows(right), _unit_rows(whole)
+    if sp.issparse(left):
+        cos_pairs = np.asarray(left.multiply(right).sum(axis=1)).ravel()
+        gram = np.asarray((whole @ whole.T).todense())
+    else:
+        cos_pairs = np.einsum("ij,ij->i", left, right)
+        gram = whole @ whole.T
+    out = {"align": float(np.mean(np.clip(2 - 2 * cos_pairs, 0, 4)))}
+    rows, cols = np.triu_indices(len(gram), k=1)
+    squared = np.clip(2 - 2 * gram[rows, cols], 0, 4)
+    del gram
+    for t in ts:
+        exponent = -t * squared
+        peak = exponent.max()
+        out[f"uniform_t{t:g}"] = float(peak + np.log(np.mean(np.exp(exponent - peak))))
+    return out
+
+
+def _throughput(encode, texts: list[str]) -> float:
+    started = time.perf_counter()
+    encode(texts)
+    return len(texts) / (time.perf_counter() - started)
+
+
+def main(out_dir: pathlib.Path, full: bool = False) -> dict:
+    import torch
+
+    from docembed import datasets
+    from docembed.evaluation import get_evaluator, load_evaluation_model
+    from docembed.evaluation.base import EvalOptions
+    from docembed.evaluation.tasks import _subset
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    torch.set_num_threads(1)
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    limit = None if full else 2000
+    # The harness' embedding cache lets the retrieval task reuse the probe task's test embeddings.
+    options = EvalOptions(limit=limit)
+
+    setenc_path, setenc_origin = _setenc_model(full, out_dir)
+    pv_path, pv_origin = _pv_model(full, out_dir)
+    specs = {"setenc": str(setenc_path), "tfidf": "tfidf", "pv": str(pv_path), "glove-avg": "glove-avg"}
+
+    rows = list(datasets.records("20newsgroups/test"))
+    keep = _subset(len(rows), limit, np.random.default_rng(options.seed), [r["label"] for r in rows])
+    test_texts = [rows[i]["text"] for i in keep]
+    test_labels = [rows[i]["label"] for i in keep]
+    test_ids = [rows[i]["id"] for i in keep]
+    lefts, rights, _ = halves(test_texts)
+    train_texts = list(datasets.iter_texts("20newsgroups/train"))
+
+    result: dict = {
+        "data": {
+            "test": f"20newsgroups/test ({len(test_texts)} posts{'' if full else ', stratified subset'})",
+            "train": "20newsgroups/train (11,314 posts): setenc, pv and tfidf fitted on it",
+            "halves": f"{len(lefts)} test posts with >= 2 word tokens",
+        },
+        "models": {
+            "setenc": {"path": str(setenc_path), "origin": setenc_origin},
+            "pv": {"path": str(pv_path), "origin": pv_origin},
+        },
+        "threads": 1,
+        "load_average_before": os.getloadavg(),
+    }
+    for name in ("setenc", "pv"):
+        summary = pathlib.Path(result["models"][name]["path"]) / "train_summary.json"
+        if summary.exists():
+            info = json.loads(summary.read_text())
+            result["models"][name]["train_summary"] = {
+                k: info.get(k) for k in ("steps", "seconds", "epochs_completed", "docs_per_s", "last")
+            }
+    scores: dict[str, dict] = {}
+    for name, spec in specs.items():
+        model = load_evaluation_model(spec)
+        probe = get_evaluator("20newsgroups", options).run(model)
+        retrieval = get_evaluator("20newsgroups-retrieval", options).run(model)
+        if name == "tfidf":
+            model.fit(train_texts)  # the harness fitted it per task; refit for the geometry and timing
+        sparse = hasattr(model, "encode_sparse")
+        embed = model.encode_sparse if sparse else model.encode
+        started = time.perf_counter()
+        whole = embed(test_texts)
+        speed = len(test_texts) / (time.perf_counter() - started)
+        entry = {
+            "probe_accuracy": probe.metrics["accuracy"],
+            "knn_accuracy": retrieval.metrics["knn_accuracy"],
+            "map@100": retrieval.metrics["map@100"],
+            "p@10": retrieval.metrics["p@10"],
+            "encode_docs_per_s": round(speed, 1),
+            **geometry(whole, embed(lefts), embed(rights)),
+        }
+        if sparse:
+            entry["encode_dense_lsa_docs_per_s"] = round(_throughput(model.encode, test_texts), 1)
+        scores[name] = entry
+        if name in ("setenc", "tfidf"):
+            _plot(model, name, test_texts, test_ids, test_labels, out_dir)
+        print(f"{name}: {json.dumps(entry)}", file=sys.stderr)
+    result["scores"] = scores
+    base = scores["setenc"]["encode_docs_per_s"]
+    result["encode_speed_ratio"] = {
+        "setenc_vs_tfidf": round(base / scores["tfidf"]["encode_docs_per_s"], 3),
+        "setenc_vs_pv": round(base / scores["pv"]["encode_docs_per_s"], 3),
+    }
+    result["setenc_beats"] = {
+        peer: {
+            m: scores["setenc"][m] > scores[peer][m] for m in ("knn_accuracy", "map@100", "probe_accuracy")
+        }
+        for peer in ("tfidf", "pv", "glove-avg")
+    }
+    result["load_average_after"] = os.getloadavg()
+    (out_dir / "bench_setenc.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _plot(model, name: str, texts, ids, labels, out_dir: pathlib.Path) -> None:
+    """t-SNE map via `docembed plot` (reads an embeddings file and a labels JSONL)."""
+    import tempfile
+
+    from docembed.io.embeddings import EmbeddingSet, save_embeddings
+
+    work = pathlib.Path(tempfile.mkdtemp(prefix="bench_setenc_"))
+    embeddings = work / f"{name}.npz"
+    save_embeddings(EmbeddingSet(model.encode(texts), ids, {"model": name}), str(embeddings))
+    labels_path = work / "labels.jsonl"
+    with open(labels_path, "w", encoding="utf-8") as handle:
+        for doc_id, label in zip(ids, labels, strict=True):
+            handle.write(json.dumps({"id": doc_id, "label": label}) + "\n")
+    png = out_dir / f"{name}_20ng_tsne.png"
+    title = f"{name}: 20 Newsgroups test ({len(ids)} posts), t-SNE"
+    try:
+        _docembed(
+            "plot",
+            str(embeddings),
+            "--labels",
+            str(labels_path),
+            "-o",
+            str(png),
+            "--overwrite",
+            "--title",
+            title,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "setenc"))
+    args = parser.parse_args()
+    print(json.dumps(main(pathlib.Path(args.out), full=args.full), indent=2))

@@ -1,0 +1,329 @@
+"""`make bench`: run every bench/bench_*.py module's `main(out_dir, full)` and merge their dicts into
+bench/results/<date>.json, with a markdown rendering beside it (<date>.md) and on docs/results.md.
+
+    .venv/bin/python bench/run.py                 # every module, modest subsets
+    .venv/bin/python bench/run.py --full          # the full data sets (hours on a CPU)
+    .venv/bin/python bench/run.py --only quality,speed
+    .venv/bin/python bench/run.py --report-only   # re-render docs/results.md from the latest results file
+
+A run with --only merges into the same day's results file, keeping the other modules' earlier entries.
+Each module also writes its own JSON into bench/results/<date>/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import os
+import pathlib
+import platform
+import sys
+import time
+import traceback
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+RESULTS_DIR = BENCH_DIR / "results"
+DOCS_PAGE = ROOT / "docs" / "results.md"
+
+# Published reference numbers (../shared/data/README.md), shown beside ours on the results page.
+REFERENCES: dict[str, list[tuple[str, float]]] = {
+    "paraphrase-identification": [
+        ("random", 18.0),
+        ("TF-IDF cosine", 98.7),
+        ("NUGGET r=0.1 (MT)", 96.69),
+        ("NUGGET r=0.25 (MT)", 97.38),
+        ("TSDAE", 95.59),
+        ("all-token MaxSim, BART (ColBART)", 94.83),
+    ],
+    "mr": [("avg GloVe", 77.25), ("SBERT-NLI-base", 83.64), ("QuickThoughts (1 GRU, 6 h)", 76.71)],
+    "cr": [("avg GloVe", 78.30), ("SBERT-NLI-base", 89.43), ("QuickThoughts (1 GRU, 6 h)", 83.95)],
+    "subj": [("avg GloVe", 91.17), ("SBERT-NLI-base", 94.39), ("QuickThoughts (1 GRU, 6 h)", 91.74)],
+    "mpqa": [("avg GloVe", 87.85), ("SBERT-NLI-base", 89.86), ("QuickThoughts (1 GRU, 6 h)", 88.61)],
+    "stsb": [("avg GloVe", 58.02), ("SBERT-NLI-base", 77.03)],
+    "sick": [("avg GloVe", 53.76), ("SBERT-NLI-base", 72.91)],
+    "imdb": [
+        ("Longformer mean-pooled + MLP", 91.3),
+        ("SBERT all-mpnet-base-v2 + MLP", 89.0),
+        ("Paragraph Vector 2048d + MLP", 86.5),
+        ("SBERT+PV distilled students", 84.0),
+    ],
+}
+REFERENCE_NOTES = [
+    "Published GloVe rows average 300-d GloVe 840B vectors; our `glove-avg` averages offline 50-d GloVe 6B.",
+    "Published SBERT rows are SBERT-NLI-base (BERT-base); our `sbert` is all-MiniLM-L6-v2 (6 layers, 384-d).",
+    "Published ColBART is all-token MaxSim with the NUGGET paper's BART encoder; our `sbert-tokens` uses "
+    "MiniLM token vectors.",
+    "Published IMDB rows train a small MLP head on the full 25k/25k split; ours is a logistic-regression "
+    "probe on the subset stated below.",
+]
+
+
+def discover() -> dict[str, pathlib.Path]:
+    """bench_<name>.py modules in bench/, by name."""
+    return {p.stem.removeprefix("bench_"): p for p in sorted(BENCH_DIR.glob("bench_*.py"))}
+
+
+def _load_module(name: str, path: pathlib.Path):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+    return module
+
+
+def run(only: list[str] | None, full: bool) -> pathlib.Path:
+    modules = discover()
+    unknown = sorted(set(only or []) - set(modules))
+    if unknown:
+        raise SystemExit(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(modules)}")
+    date = dt.date.today().isoformat()
+    target = RESULTS_DIR / f"{date}.json"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    merged = json.loads(target.read_text()) if target.exists() else {"date": date, "benchmarks": {}}
+    merged["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+    }
+    fresh: dict[str, dict] = {}
+    for name, path in modules.items():
+        if only and name not in only:
+            continue
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        started = time.perf_counter()
+        try:
+            entry = _load_module(name, path).main(RESULTS_DIR / date, full)
+        except Exception as error:  # one module failing must not lose the others' results
+            entry = {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc(limit=5)}
+        seconds = round(time.perf_counter() - started, 1)
+        fresh[name] = {
+            "full": full,
+            "seconds": seconds,
+            "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "result": entry,
+        }
+        # re-read before writing: another `run.py --only` may have finished a module in the meantime
+        if target.exists():
+            merged["benchmarks"] = json.loads(target.read_text()).get("benchmarks", {})
+        merged["benchmarks"].update(fresh)
+        target.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+        print(f"[bench] {name} done in {seconds}s", file=sys.stderr, flush=True)
+    return target
+
+
+# --- markdown ----------------------------------------------------------------------------------------------
+def _fmt(value, digits: int = 2) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _cell(outcome: dict | None, metric: str | None = None) -> str:
+    if outcome is None:
+        return "–"
+    if "error" in outcome:
+        return "error"
+    if "missing" in outcome:
+        return "missing"
+    value = outcome["metrics"].get(metric) if metric else outcome.get("score")
+    return _fmt(value)
+
+
+QUALITY_ROWS = [
+    ("paraphrase-identification", "mrr", "PI dev MRR"),
+    ("mr", "accuracy", "MR acc"),
+    ("cr", "accuracy", "CR acc"),
+    ("subj", "accuracy", "SUBJ acc"),
+    ("mpqa", "accuracy", "MPQA acc"),
+    ("stsb", "spearman", "STS-B Spearman"),
+    ("sick", "spearman", "SICK-R Spearman"),
+    ("imdb", "accuracy", "IMDB acc"),
+    ("imdb", "accuracy_long", "IMDB acc, >512 tokens"),
+    ("20newsgroups", "accuracy", "20NG acc"),
+    ("20newsgroups", "accuracy_long", "20NG acc, >512 tokens"),
+    ("20newsgroups-retrieval", "map@100", "20NG MAP@100"),
+    ("20newsgroups-retrieval", "p@10", "20NG P@10"),
+    ("20newsgroups-retrieval", "knn_accuracy", "20NG kNN acc (k=10)"),
+]
+
+
+def render_quality(quality: dict) -> list[str]:
+    results = quality.get("results", {})
+    models = list(results)
+    lines = ["## Quality", ""]
+    limits = quality.get("limits", {})
+    sizes = ", ".join(f"{t}: {'full' if n is None else n}" for t, n in limits.items())
+    lines += [
+        f"Subsets (seed {quality.get('seed')}): {sizes}. SentEval folds: {quality.get('senteval_folds')}.",
+        "All numbers x100. `–` = not run for that model; `missing` = family not available.",
+        "",
+    ]
+    rows = []
+    for task, metric, label in QUALITY_ROWS:
+        if not any(task in results[m] for m in models):
+            continue
+        refs = (
+            "; ".join(f"{name} {value}" for name, value in REFERENCES.get(task, []))
+            if metric in ("mrr", "accuracy", "spearman")
+            else ""
+        )
+        rows.append([label, *[_cell(results[m].get(task), metric) for m in models], refs])
+    lines += _table(["task", *models, "published reference"], rows)
+    lines += ["", *[f"- {note}" for note in REFERENCE_NOTES]]
+    notes = sorted(
+        {
+            n
+            for m in models
+            for o in results[m].values()
+            for n in o.get("notes", [])
+            if not n.startswith(("tfidf fitted", "bm25 fitted", "pv trained"))
+        }
+    )
+    fits = sorted(
+        {
+            n.split(":")[-1].strip()
+            for m in models
+            for o in results[m].values()
+            for n in o.get("notes", [])
+            if n.startswith(("tfidf fitted", "bm25 fitted", "pv trained"))
+        }
+    )
+    if fits:
+        lines += ["- tfidf / bm25 / pv are fitted or trained per task on: " + "; ".join(fits) + "."]
+    lines += [f"- {n}" for n in notes]
+    errors = [(m, t, o["error"]) for m in models for t, o in results[m].items() if "error" in o]
+    if errors:
+        lines += ["", "Errors:", *[f"- {m} / {t}: {e}" for m, t, e in errors]]
+    seconds = [[m, t, o.get("seconds", o.get("wall_seconds"))] for m in models for t, o in results[m].items()]
+    lines += [
+        "",
+        "<details><summary>seconds per cell</summary>",
+        "",
+        *_table(["model", "task", "seconds"], seconds),
+        "",
+        "</details>",
+        "",
+    ]
+    return lines
+
+
+def render_speed(speed: dict) -> list[str]:
+    lines = [
+        "## Speed",
+        "",
+        f"Threads: {speed.get('threads')}; load average before/after: "
+        f"{speed.get('load_before')} / {speed.get('load_after')}.",
+        "",
+    ]
+    for key, title, ratio_keys in (
+        ("encode", "Encoding", ["ratio_docembed_over_st_time"]),
+        (
+            "maxsim",
+            "MaxSim scoring",
+            [
+                "ratio_loop_over_docembed_time",
+                "ratio_st_over_docembed_time_pairs",
+                "ratio_st_over_docembed_time_one_to_many",
+            ],
+        ),
+        ("search", "Exact search", ["ratio_numpy_over_faiss_time", "top_k_overlap"]),
+    ):
+        part = speed.get(key)
+        if not part:
+            continue
+        lines += [f"### {title}", "", f"Data: {part['data']}", ""]
+        for rows_key in ("rows", "pairs", "one_to_many"):
+            rows = part.get(rows_key)
+            if rows:
+                header = list(rows[0])
+                lines += _table(header, [[r.get(h) for h in header] for r in rows]) + [""]
+        lines += [
+            f"- {k}: {part.get(k)}"
+            for k in ratio_keys + ["max_abs_difference", "faiss_build_seconds"]
+            if k in part
+        ] + [""]
+    return lines
+
+
+def render_generic(name: str, entry) -> list[str]:
+    text = json.dumps(entry, indent=2, default=str)
+    if len(text) > 6000:
+        text = text[:6000] + "\n... (truncated; see the results JSON)"
+    return [f"## {name}", "", "```json", text, "```", ""]
+
+
+def render(results_path: pathlib.Path) -> str:
+    merged = json.loads(results_path.read_text())
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Generated by `python bench/run.py --report-only` from `{results_path.relative_to(ROOT)}` "
+        f"(machine: {merged.get('machine')}). Do not edit by hand.",
+        "",
+    ]
+    for name, entry in merged.get("benchmarks", {}).items():
+        result = entry.get("result", {})
+        lines += [
+            f"<!-- {name}: {entry.get('seconds')} s, finished {entry.get('finished')}, "
+            f"full={entry.get('full')} -->"
+        ]
+        if "error" in result:
+            lines += [f"## {name}", "", f"Failed: {result['error']}", ""]
+        elif name == "quality":
+            lines += render_quality(result)
+        elif name == "speed":
+            lines += render_speed(result)
+        else:
+            lines += render_generic(name, result)
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def latest_results() -> pathlib.Path:
+    files = sorted(RESULTS_DIR.glob("*.json"))
+    if not files:
+        raise SystemExit("no results yet: run `make bench` first")
+    return files[-1]
+
+
+def write_report(results_path: pathlib.Path) -> None:
+    page = render(results_path)
+    results_path.with_suffix(".md").write_text(page)
+    DOCS_PAGE.parent.mkdir(parents=True, exist_ok=True)
+    DOCS_PAGE.write_text(page)
+    print(f"[bench] wrote {results_path.with_suffix('.md')} and {DOCS_PAGE}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    parser = argparse.ArgumentParser(description="Run the docembed benchmarks (bench/bench_*.py).")
+    parser.add_argument("--full", action="store_true", help="full data sets instead of the modest subsets")
+    parser.add_argument("--only", help=f"comma-separated benchmark names: {', '.join(discover())}")
+    parser.add_argument("--report-only", action="store_true", help="re-render docs/results.md, run nothing")
+    args = parser.parse_args(argv)
+    if args.report_only:
+        write_report(latest_results())
+        return
+    only = [n.strip().removeprefix("bench_") for n in args.only.split(",")] if args.only else None
+    write_report(run(only, args.full))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""docembed similarity / rerank."""
+
+from __future__ import annotations
+
+import typer
+
+from docembed.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    app.command("similarity")(similarity)
+    app.command("rerank")(rerank)
+
+
+def similarity(
+    texts: list[str] = typer.Argument(None, help="Two texts to compare (or use --pairs)."),
+    pairs: str = typer.Option(None, "--pairs", "-p", help="JSONL of pairs (- for stdin); prints each row + score."),
+    left_field: str = typer.Option("text1", "--left-field", help="Field of the first text in --pairs rows."),
+    right_field: str = typer.Option("text2", "--right-field", help="Field of the second text in --pairs rows."),
+    model: str = common.MODEL,
+    batch_size: int = common.BATCH_SIZE,
+) -> None:
+    """Similarity of text pairs: cosine (dense models) or mean-MaxSim, first text as query (multi-vector)."""
+    import json
+    import sys
+
+    from docembed.errors import InputFormatError, UsageError
+    from docembed.io.readers import batched
+    from docembed.ranking import similarity_scores
+
+    if (pairs is None) == (not texts):
+        raise UsageError("give exactly two texts, or --pairs FILE")
+    if pairs is None:
+        if len(texts) != 2:
+            raise UsageError(f"similarity compares two texts, got {len(texts)}")
+        score = similarity_scores(common.load(model), [texts[0]], [texts[1]], batch_size)[0]
+        typer.echo(f"{score:.6f}")
+        return
+    encoder = common.load(model)
+    rows = _jsonl_rows(pairs)
+    for chunk in batched(rows, 1024):
+        for line_number, row in chunk:
+            for field in (left_field, right_field):
+                if not isinstance(row.get(field), str):
+                    raise InputFormatError(pairs, line_number, f"field {field!r} missing or not a string")
+        left = [row[left_field] for _, row in chunk]
+        right = [row[right_field] for _, row in chunk]
+        scores = similarity_scores(encoder, left, right, batch_size)
+        for (_, row), score in zip(chunk, scores, strict=True):
+            sys.stdout.write(json.dumps({**row, "score": round(float(score), 6)}, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def rerank(
+    tasks: str = typer.Argument(..., help="JSONL rows {source, candidates: [ids]} or {query, candidates: [texts]}; - for stdin."),
+    docs: str = typer.Option(None, "--docs", "-d", help="Documents for id rows (.jsonl, .tsv id<TAB>text, .txt)."),
+    model: str = common.MODEL,
+    output: str = typer.Option("-", "--output", "-o", help="Output JSONL (default stdout)."),
+    top_k: int = typer.Option(None, "--top-k", "-k", min=1, help="Keep only the best K candidates per row."),
+    batch_size: int = common.BATCH_SIZE,
+    id_field: str = common.ID_FIELD,
+    text_field: str = common.TEXT_FIELD,
+    overwrite: bool = common.OVERWRITE,
+) -> None:
+    """Rerank candidates per row, best first, with their scores (cosine or mean-MaxSim)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    from docembed.io.embeddings import atomic_path, check_output_path
+    from docembed.ranking import rerank_rows
+    from docembed.runtime import log
+
+    check_output_path(output, overwrite)
+    doc_texts = None
+    if docs:
+        reader = common.reader(docs, None, id_field, text_field, False)
+        doc_texts = {doc.id: doc.text for doc in reader}
+    encoder = common.load(model)
+    ranked = rerank_rows(encoder, _jsonl_rows(tasks), tasks, doc_texts, batch_size)
+
+    def write(handle) -> int:
+        n = 0
+        for row in ranked:
+            if top_k:
+                row["ranking"] = row["ranking"][:top_k]
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+        return n
+
+    if output == "-":
+        n = write(sys.stdout)
+        sys.stdout.flush()
+    else:
+        with atomic_path(Path(output)) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+            n = write(handle)
+    log(f"reranked {n} rows with {encoder.name}")
+
+
+def _jsonl_rows(path: str):
+    """(line_number, record) for each non-empty line; malformed lines name the file and line."""
+    import json
+
+    from docembed.errors import InputFormatError
+    from docembed.io.readers import _open_binary
+
+    with _open_binary(path) as handle:
+        for index, raw in enumerate(handle):
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as error:
+                raise InputFormatError(path, index + 1, f"malformed JSON line ({error})") from None
+            if not isinstance(record, dict):
+                raise InputFormatError(path, index + 1, "expected a JSON object")
+            yield index + 1, record

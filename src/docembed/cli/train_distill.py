@@ -1,0 +1,252 @@
+"""docembed convert-long / train-distill: the long-document student (Burian's Longformer distilled from SBERT
+for depth and Paragraph Vector for breadth)."""
+
+from __future__ import annotations
+
+import typer
+
+from docembed.cli import common
+
+
+def register(app: typer.Typer) -> None:
+    app.command("convert-long")(convert_long)
+    app.command("train-distill")(train_distill)
+
+
+def convert_long(
+    source: str = typer.Argument(
+        "sbert",
+        help="sbert/minilm (offline all-MiniLM-L6-v2), a BERT/RoBERTa checkpoint folder, a hub id, "
+        "or a Longformer (allenai/longformer-base-4096) to wrap as is.",
+    ),
+    output: str = typer.Option(..., "--output", "-o", help="Directory for the student."),
+    max_length: int = typer.Option(4096, "--max-length", min=2, help="Tokens the student reads."),
+    attention_window: int = typer.Option(256, "--attention-window", min=2, help="Sliding window (even)."),
+    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="Unit-length embeddings."),
+    overwrite: bool = common.OVERWRITE,
+) -> None:
+    """Turn a short encoder into a long student: tiled positions, sliding-window attention."""
+    from docembed.models.student import convert_long as convert
+    from docembed.runtime import log
+
+    out = _output_dir(output, overwrite)
+    student = convert(source, max_length, attention_window, normalize)
+    student.save(out)
+    log(f"long student from {source}: {student.config.max_length} tokens, window {attention_window} -> {out}")
+
+
+def train_distill(
+    corpus: str = typer.Argument(..., help="Training documents: .jsonl, .txt (one per line) or .tsv."),
+    output: str = typer.Option(..., "--output", "-o", help="Directory for the trained student."),
+    student: str = typer.Option(
+        "sbert", "--student", help="A student folder (convert-long) or a source to convert (as convert-long)."
+    ),
+    max_length: int = typer.Option(
+        None,
+        "--max-length",
+        min=2,
+        help="Tokens per document (default: the student's; 4096 when converting).",
+    ),
+    attention_window: int = typer.Option(256, "--attention-window", min=2, help="Window when converting."),
+    teacher: str = typer.Option("sbert,pv", "--teacher", help="sbert, pv, or sbert,pv."),
+    sbert_model: str = typer.Option(
+        "sbert", "--sbert-model", help="Depth teacher (sbert, sbert-mpnet, dir)."
+    ),
+    pv_model: str = typer.Option(
+        None, "--pv-model", help="Breadth teacher: a trained PV folder (default: train-pv on CORPUS first)."
+    ),
+    pv_mode: str = typer.Option(
+        "concat", "--pv-mode", help="When training the PV teacher: dm | dbow | concat."
+    ),
+    pv_dim: int = typer.Option(
+        100, "--pv-dim", min=1, help="When training the PV teacher: size per sub-model."
+    ),
+    depth_loss: str = typer.Option("cosine", "--depth-loss", help="cosine | mse | margin."),
+    margin: float = typer.Option(0.2, "--margin", help="Margin of the max-margin depth loss."),
+    depth_weight: float = typer.Option(
+        1.0, "--depth-weight", min=0.0, help="lambda for documents SBERT reads whole."
+    ),
+    breadth_loss: str = typer.Option("soft-cca", "--breadth-loss", help="soft-cca | mse | cca (ablations)."),
+    pv_projection: str = typer.Option("identity", "--pv-projection", help="identity | linear."),
+    cca_dim: int = typer.Option(
+        None, "--cca-dim", min=1, help="Projection size with --pv-projection linear."
+    ),
+    alpha: float = typer.Option(0.95, "--alpha", help="Soft CCA: decay of the running covariance."),
+    decorrelation_weight: float = typer.Option(
+        1.0, "--decorrelation-weight", help="Soft CCA decorrelation weight."
+    ),
+    batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, help="Documents per micro-batch."),
+    grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimizer step."),
+    epochs: int = typer.Option(1, "--epochs", min=1),
+    max_steps: int = typer.Option(None, "--max-steps", min=1),
+    time_budget: float = typer.Option(None, "--time-budget", help="Stop (and save) after this many seconds."),
+    lr: float = typer.Option(2e-5, "--lr"),
+    warmup_steps: int = typer.Option(0, "--warmup-steps", min=0),
+    gradient_checkpointing: bool = typer.Option(
+        False, "--gradient-checkpointing", help="Trade compute for memory."
+    ),
+    amp: str = typer.Option("auto", "--amp", help="auto | off | bf16 | fp16 (CUDA only)."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Use only the first N documents of CORPUS."),
+    cache_dir: str = typer.Option(
+        None, "--cache-dir", help="Teacher vector cache (default $DOCEMBED_HOME/cache/teachers)."
+    ),
+    log_every: int = typer.Option(10, "--log-every", min=1),
+    save_every: int = typer.Option(200, "--save-every", min=1),
+    resume: bool = typer.Option(False, "--resume", help="Continue from <output>/checkpoint."),
+    format: str = common.INPUT_FORMAT,
+    id_field: str = common.ID_FIELD,
+    text_field: str = common.TEXT_FIELD,
+) -> None:
+    """Distil a long student: L = lambda(x) L_depth(student, sbert) + L_breadth(student, pv)."""
+    import itertools
+    import json
+    from pathlib import Path
+
+    from docembed.errors import UsageError
+    from docembed.models.registry import load_model, models_home
+    from docembed.models.student import StudentEncoder, convert_long
+    from docembed.runtime import log, resolve_device, settings
+    from docembed.training.distill_recipe import DistillRecipe, DistillSettings, TeacherCache, depth_weights
+    from docembed.training.loop import TrainConfig, train
+
+    teachers = {t.strip() for t in teacher.split(",") if t.strip()}
+    if not teachers or teachers - {"sbert", "pv"}:
+        raise UsageError(f"--teacher takes sbert, pv or sbert,pv; got {teacher!r}")
+    if corpus == "-":
+        raise UsageError("train-distill reads its corpus more than once: give a file, not stdin")
+    out = Path(output)
+    if (out / "config.json").exists() and not resume:
+        # A finished student is someone's result: don't train over it.
+        raise UsageError(f"{output} already holds a model (use another -o, or --resume)")
+    out.mkdir(parents=True, exist_ok=True)
+    reader = common.reader(corpus, format, id_field, text_field, False)
+    texts = [doc.text for doc in itertools.islice(reader, limit)]
+    if len(texts) < 2:
+        raise UsageError(f"{corpus}: need at least 2 documents, found {len(texts)}")
+    device = resolve_device()
+
+    if Path(student).is_dir() and (Path(student) / "config.json").exists():
+        model = StudentEncoder.load(student)
+        if max_length:
+            model.config.max_length = min(max_length, model.config.max_length)
+    else:
+        model = convert_long(student, max_length or 4096, attention_window)
+    log(
+        f"student: {model.config.source or student}, {model.config.max_length} tokens, "
+        f"window {model.config.attention_window}"
+    )
+
+    cache = TeacherCache(cache_dir or models_home() / "cache" / "teachers")
+    sbert_vectors = sbert_weights = pv_vectors = None
+    if "sbert" in teachers:
+        sbert = load_model(sbert_model, device=device)
+        if not hasattr(sbert, "tokenizer") or not hasattr(sbert, "max_seq_length"):
+            raise UsageError(f"--sbert-model {sbert_model!r} is not an SBERT model")
+        sbert_vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
+        sbert_weights = depth_weights(sbert, texts, depth_weight)
+        log(
+            f"depth loss applies to {int((sbert_weights > 0).sum())} of {len(texts)} documents "
+            f"(<= {sbert.max_seq_length} {sbert.name} tokens)"
+        )
+        del sbert
+    if "pv" in teachers:
+        if pv_model is None:
+            pv_model = str(out / "pv-teacher")
+            if not (Path(pv_model) / "config.json").exists():
+                log(
+                    f"no --pv-model: training a PV teacher ({pv_mode}, dim {pv_dim}) on {corpus} "
+                    f"-> {pv_model}"
+                )
+                from docembed.cli import app
+
+                args = [
+                    "--seed",
+                    str(settings.seed),
+                    *(["-q"] if settings.quiet else []),
+                    "train-pv",
+                    corpus,
+                    "-o",
+                    pv_model,
+                    "--mode",
+                    pv_mode,
+                    "--dim",
+                    str(pv_dim),
+                    "--workers",
+                    "1",
+                ]
+                if format:
+                    args += ["--format", format]
+                app(args, standalone_mode=False)
+        pv = load_model(pv_model)
+        pv_vectors = cache.vectors(pv, texts, label=f"pv teacher ({pv.name})")
+        del pv
+
+    recipe = DistillRecipe(
+        model,
+        texts,
+        DistillSettings(
+            depth_loss=depth_loss,
+            margin=margin,
+            depth_weight=depth_weight,
+            breadth_loss=breadth_loss,
+            cca_dim=cca_dim,
+            pv_projection=pv_projection,
+            alpha=alpha,
+            decorrelation_weight=decorrelation_weight,
+            batch_size=batch_size,
+            gradient_checkpointing=gradient_checkpointing,
+            seed=settings.seed,
+        ),
+        sbert_vectors=sbert_vectors,
+        sbert_weights=sbert_weights,
+        pv_vectors=pv_vectors,
+    )
+    summary = train(
+        recipe,
+        TrainConfig(
+            output_dir=str(out),
+            epochs=epochs,
+            max_steps=max_steps,
+            lr=lr,
+            warmup_steps=warmup_steps,
+            grad_accum=grad_accum,
+            amp=amp,
+            log_every=log_every,
+            save_every=save_every,
+            resume=resume,
+            seed=settings.seed,
+            device=device,
+            time_budget_s=time_budget,
+        ),
+    )
+    (out / "distill.json").write_text(
+        json.dumps(
+            {
+                "teachers": sorted(teachers),
+                "sbert_model": sbert_model,
+                "pv_model": pv_model,
+                "documents": len(texts),
+                "corpus": corpus,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    log(
+        f"trained student: {summary['steps']} steps in {summary['seconds']}s "
+        f"({summary['tokens_per_s']} tokens/s) -> {out}"
+    )
+
+
+def _output_dir(output: str, overwrite: bool):
+    import shutil
+    from pathlib import Path
+
+    from docembed.errors import UsageError
+
+    out = Path(output)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        if not overwrite:
+            raise UsageError(f"{output} exists and is not empty (use --overwrite to replace it)")
+        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    return out

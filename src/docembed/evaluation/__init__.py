@@ -1,0 +1,111 @@
+"""Evaluation tasks behind one interface (`Evaluator`: `primary_metric`, `run(model) -> EvalResult`).
+
+Task names (`docembed evaluate --help` lists them): paraphrase-identification (-train), mr, cr, subj, mpqa,
+stsb, sick, imdb, 20newsgroups, 20newsgroups-retrieval; group names expand to several (`senteval`, `sts`,
+`all`), and a few short aliases are accepted (`pi`, `20ng`, `retrieval`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from pathlib import Path
+
+from docembed.errors import ModelNotFoundError, UsageError
+from docembed.evaluation import tasks as _tasks  # noqa: F401  (registers the tasks)
+from docembed.evaluation.base import TASKS, EvalOptions, EvalResult, Evaluator, cached_encode, mean_pool
+
+GROUPS: dict[str, tuple[str, ...]] = {
+    "senteval": ("mr", "cr", "subj", "mpqa"),
+    "sts": ("stsb", "sick"),
+    "classification": ("imdb", "20newsgroups"),
+    "all": (
+        "paraphrase-identification",
+        "mr",
+        "cr",
+        "subj",
+        "mpqa",
+        "stsb",
+        "sick",
+        "imdb",
+        "20newsgroups",
+        "20newsgroups-retrieval",
+    ),
+}
+ALIASES = {"pi": "paraphrase-identification", "20ng": "20newsgroups", "retrieval": "20newsgroups-retrieval"}
+# Baseline families that need no saved state beyond their defaults: `--model tfidf` builds an unfitted one
+# and the evaluator fits it on each task's training text.
+UNFITTED_BASELINES = ("tfidf", "bm25")
+
+
+def resolve_tasks(names: Iterable[str]) -> list[str]:
+    """Task names, groups and aliases -> distinct task names, in the order given."""
+    out: list[str] = []
+    for raw in names:
+        for name in (part.strip() for part in raw.split(",")):
+            if not name:
+                continue
+            name = ALIASES.get(name, name)
+            expanded = GROUPS.get(name, (name,))
+            for task in expanded:
+                if task not in TASKS:
+                    known = ", ".join(sorted([*TASKS, *GROUPS, *ALIASES]))
+                    raise UsageError(f"unknown task {name!r}; choose from: {known}")
+                if task not in out:
+                    out.append(task)
+    if not out:
+        raise UsageError("no task given")
+    return out
+
+
+def get_evaluator(name: str, options: EvalOptions | None = None) -> Evaluator:
+    (task,) = resolve_tasks([name])
+    return TASKS[task](options)
+
+
+def load_evaluation_model(spec: str, device: str = "cpu"):
+    """registry.load_model(spec), plus the unfitted baselines (`tfidf`, `bm25`) by family name."""
+    from docembed.models.registry import get_family, load_model
+
+    try:
+        return load_model(spec, device=device)
+    except ModelNotFoundError:
+        if spec not in UNFITTED_BASELINES:
+            raise
+        cls = get_family(spec)
+        model = cls(cls.config_class(), name=spec)
+        model.fit_per_task = True
+        return model
+
+
+def result_filename(result: EvalResult) -> str:
+    safe_model = re.sub(r"[^A-Za-z0-9._-]+", "_", result.model).strip("_") or "model"
+    return f"{result.task}__{safe_model}.json"
+
+
+def write_result(result: EvalResult, output_dir: str | Path) -> Path:
+    from docembed.io.embeddings import atomic_path
+
+    directory = Path(output_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / result_filename(result)
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+__all__ = [
+    "ALIASES",
+    "GROUPS",
+    "TASKS",
+    "EvalOptions",
+    "EvalResult",
+    "Evaluator",
+    "cached_encode",
+    "get_evaluator",
+    "load_evaluation_model",
+    "mean_pool",
+    "resolve_tasks",
+    "write_result",
+]

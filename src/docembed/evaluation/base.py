@@ -1,0 +1,214 @@
+"""The Evaluator interface, the task registry, and what every task shares: options, fitting corpus-statistics
+baselines, embedding (cached on disk), and the result record.
+
+A task subclasses `Evaluator`, names its `primary_metric`, lists the data sets it reads, and implements
+`compute(model) -> metrics`. `Evaluator.run(model)` adds the bookkeeping: the fit hook of baselines that
+need one (`requires_fit` / `fit(texts)`, called with `fit_texts()`), timing, data checksums, and the
+JSON-ready result.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from docembed.errors import UsageError
+from docembed.io.embeddings import MultiVectors, Vectors
+
+TASKS: dict[str, type[Evaluator]] = {}
+
+
+def register_task(cls: type[Evaluator]) -> type[Evaluator]:
+    TASKS[cls.name] = cls
+    return cls
+
+
+@dataclass
+class EvalOptions:
+    """Choices shared by every task. `limit` caps the examples a task reads (queries, sentences, pairs, or
+    documents per split), drawn stratified by label where there is one and always with `seed`; None = full."""
+
+    data_root: str | None = None
+    limit: int | None = None
+    fast: bool = False  # SentEval: 5 outer folds and 3 inner folds instead of 10 and 10
+    seed: int = 1111
+    batch_size: int = 32
+    cache: bool = True
+
+
+@dataclass
+class EvalResult:
+    task: str
+    model: str
+    primary_metric: str
+    score: float
+    metrics: dict[str, Any]
+    config: dict[str, Any]
+    data: dict[str, str]  # data set name -> sha256 of its file
+    seconds: float
+    date: str
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Evaluator(ABC):
+    """One evaluation task. Subclasses set `name`, `primary_metric`, `datasets`, and implement compute()."""
+
+    name: ClassVar[str] = ""
+    primary_metric: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    datasets: ClassVar[tuple[str, ...]] = ()
+    # Whether a scorer-only model (bm25: score(query, candidates), no embeddings) can run this task.
+    supports_scorers: ClassVar[bool] = False
+
+    def __init__(self, options: EvalOptions | None = None):
+        self.options = options or EvalOptions()
+        self.notes: list[str] = []
+
+    # --- what a task provides ---------------------------------------------------------------------------
+    def fit_texts(self) -> list[str]:
+        """Unlabelled text a corpus-statistics baseline (tfidf, bm25) is fitted on before this task."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def compute(self, model) -> dict[str, Any]:
+        """All metrics of `model` on this task; must include `primary_metric`."""
+
+    # --- shared behaviour -------------------------------------------------------------------------------
+    def run(self, model) -> EvalResult:
+        from docembed import datasets
+        from docembed.runtime import log
+
+        if getattr(model, "scorer_only", False) and not self.supports_scorers:
+            raise UsageError(
+                f"{model.name} is a scorer (no embeddings) and cannot run {self.name}: "
+                "it supports reranking tasks (paraphrase-identification) only"
+            )
+        self.notes = []
+        started = time.perf_counter()
+        # A baseline built unfitted (`--model tfidf`) is refitted for every task on that task's own text.
+        if getattr(model, "requires_fit", False) or getattr(model, "fit_per_task", False):
+            texts = self.fit_texts()
+            log(f"fitting {model.name} on {len(texts)} training texts of {self.name}")
+            model.fit(texts)
+            self.notes.append(f"{model.family} fitted on {len(texts)} texts: {self.fit_description()}")
+        metrics = self.compute(model)
+        seconds = time.perf_counter() - started
+        checksums = {name: datasets.checksum(name, self.options.data_root) for name in self.datasets}
+        task_config = asdict(self.options)
+        task_config.pop("data_root")
+        return EvalResult(
+            task=self.name,
+            model=model.name,
+            primary_metric=self.primary_metric,
+            score=float(metrics[self.primary_metric]),
+            metrics=metrics,
+            config={
+                "model": {"family": model.family, "source": model.source, **model.config.to_dict()},
+                "task": task_config,
+            },
+            data=checksums,
+            seconds=round(seconds, 3),
+            date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            notes=list(self.notes),
+        )
+
+    def fit_description(self) -> str:
+        return "the task's training split"
+
+    # --- helpers for tasks ------------------------------------------------------------------------------
+    def embed(self, model, texts: Sequence[str]) -> Vectors:
+        return cached_encode(model, texts, self.options.batch_size, use_cache=self.options.cache)
+
+    def embed_for_probe(self, model, texts: Sequence[str]):
+        """Features for a linear probe: sparse tf-idf rows, dense vectors, or mean-pooled multi-vectors."""
+        if hasattr(model, "encode_sparse"):
+            return model.encode_sparse(list(texts))
+        vectors = self.embed(model, texts)
+        if isinstance(vectors, MultiVectors):
+            note = "multi-vector embeddings mean-pooled into one vector per text for the probe"
+            if note not in self.notes:
+                self.notes.append(note)
+            return mean_pool(vectors)
+        return vectors
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.options.seed)
+
+
+def mean_pool(vectors: MultiVectors) -> np.ndarray:
+    """One vector per document: the mean of its vectors (zeros for a document without any)."""
+    out = np.zeros((len(vectors), vectors.dim), dtype=np.float32)
+    counts = vectors.counts
+    nonempty = np.flatnonzero(counts > 0)
+    if len(nonempty):
+        sums = np.add.reduceat(vectors.vectors, vectors.offsets[:-1][nonempty], axis=0)
+        out[nonempty] = sums / counts[nonempty, None]
+    return out
+
+
+# --- the embedding cache ------------------------------------------------------------------------------------
+def cache_dir() -> Path:
+    from docembed.models.registry import models_home
+
+    return models_home() / "cache" / "embeddings"
+
+
+def cache_key(model, texts: Sequence[str]) -> str:
+    """Model family + config hash + where it was loaded from + fitted state + the exact texts."""
+    from docembed.models.baselines import texts_hash
+
+    parts = [model.family, model.config_hash(), str(model.source), str(getattr(model, "fitted_on", None))]
+    if model.source and Path(model.source).is_dir():
+        # a model retrained into the same directory must not reuse the old vectors
+        parts += [
+            f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
+            for p in sorted(Path(model.source).iterdir())
+        ]
+    digest = hashlib.sha256("\0".join(parts).encode())
+    digest.update(texts_hash(texts).encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_encode(model, texts: Sequence[str], batch_size: int = 32, use_cache: bool = True) -> Vectors:
+    """model.encode(texts), computed once per (model, texts) and kept under the models home."""
+    from docembed.io.embeddings import EmbeddingSet, load_embeddings, save_embeddings
+    from docembed.runtime import debug, progress_bar
+
+    texts = list(texts)
+    path = cache_dir() / f"{cache_key(model, texts)}.safetensors"
+    if use_cache and path.exists():
+        try:
+            cached = load_embeddings(str(path))
+            if len(cached) == len(texts):
+                debug(f"embedding cache hit: {path.name}")
+                return cached.data
+        except Exception:  # a damaged cache file is recomputed, never trusted
+            pass
+    parts: list[Vectors] = []
+    chunk = 1024
+    with progress_bar(f"embed [{model.name}]", total=len(texts)) as bar:
+        for start in range(0, len(texts), chunk):
+            parts.append(model.encode(texts[start : start + chunk], batch_size=batch_size))
+            bar.advance(len(texts[start : start + chunk]))
+    if not parts:
+        parts = [model.encode([], batch_size=batch_size)]
+    from docembed.io.embeddings import concat_vectors
+
+    vectors = concat_vectors(parts)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_embeddings(
+            EmbeddingSet(vectors, [str(i) for i in range(len(texts))], model.metadata()), str(path)
+        )
+    return vectors

@@ -1,0 +1,147 @@
+"""Soft CCA (Chang, Xiang & Hospedales 2018, "Scalable and Effective Deep CCA via Soft Decorrelation"):
+the breadth loss that ties the student to the Paragraph Vector teacher.
+
+Both views are projected (an MLP on the student side; identity or one linear layer on the teacher side) and
+batch-normalised without a learnable scale, so every projected feature has zero mean and unit variance in
+the batch: the projections cannot shrink to zero together (the collapse that the L2 term alone invites).
+`eps` (1e-8, added to the variance) only keeps an exactly constant feature at 0 instead of 0/0: it floors the
+standard deviation at 1e-4, far below the scale the projections work at.
+The loss is
+
+    L = mean((z_s - z_t)^2)  +  w * (D(z_s) + D(z_t))
+
+where D(z) is the mean absolute off-diagonal entry of a running covariance: per view,
+Phi_t = alpha * Phi_{t-1} + Sigma_batch and c_t = alpha * c_{t-1} + 1, normalised as Phi_t / c_t, with
+Sigma_batch = z^T z / B (z is already centred by the batch norm). Phi_{t-1} is history: detached, and
+updated only in training mode. Phi and c are buffers, so checkpoints keep them.
+
+A batch of one has no batch statistics: the loss is then zero (still attached to the graph, so backward
+works), the running covariance is left alone, and a warning is logged once.
+
+`objective="mse"` (plain regression of the student projection onto the teacher vectors, no batch norm) and
+`objective="cca"` (per-batch CCA: minus the mean canonical correlation of the batch, with a ridge) are there
+for ablations.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import nn
+
+OBJECTIVES = ("soft-cca", "mse", "cca")
+
+
+class SoftCCALoss(nn.Module):
+    def __init__(
+        self,
+        student_dim: int,
+        teacher_dim: int,
+        dim: int | None = None,
+        hidden: int | None = None,
+        teacher_projection: str = "identity",
+        objective: str = "soft-cca",
+        alpha: float = 0.95,
+        decorrelation_weight: float = 1.0,
+        eps: float = 1e-8,
+        ridge: float = 1e-3,
+    ):
+        super().__init__()
+        if objective not in OBJECTIVES:
+            raise ValueError(f"breadth objective must be one of {OBJECTIVES}, got {objective!r}")
+        if teacher_projection not in ("identity", "linear"):
+            raise ValueError(f"teacher projection must be 'identity' or 'linear', got {teacher_projection!r}")
+        if objective == "mse" and teacher_projection != "identity":
+            # Two free projections regressed onto each other collapse to a constant.
+            raise ValueError("the mse objective needs the identity teacher projection")
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"alpha must be in [0, 1), got {alpha}")
+        k = teacher_dim if teacher_projection == "identity" else (dim or teacher_dim)
+        hidden = hidden or max(k, student_dim)
+        self.student_projection = nn.Sequential(
+            nn.Linear(student_dim, hidden), nn.GELU(), nn.Linear(hidden, k)
+        )
+        self.teacher_projection = (
+            nn.Identity() if teacher_projection == "identity" else nn.Linear(teacher_dim, k)
+        )
+        self.objective = objective
+        self.alpha = alpha
+        self.decorrelation_weight = decorrelation_weight
+        self.eps = eps
+        self.ridge = ridge
+        self.register_buffer("phi_student", torch.zeros(k, k))
+        self.register_buffer("phi_teacher", torch.zeros(k, k))
+        self.register_buffer("count", torch.zeros(()))
+        self._warned = False
+
+    def forward(self, student: torch.Tensor, teacher: torch.Tensor) -> dict[str, torch.Tensor]:
+        """{"loss", "l2", "decorrelation"} for a batch of student and teacher vectors (B, d_s), (B, d_t)."""
+        with torch.autocast(student.device.type, enabled=False):
+            zs = self.student_projection(student.float())
+            zt = self.teacher_projection(teacher.float())
+            if self.objective == "mse":
+                loss = ((zs - zt) ** 2).mean()
+                return {"loss": loss, "l2": loss.detach(), "decorrelation": torch.zeros_like(loss).detach()}
+            if len(zs) < 2:
+                if not self._warned:
+                    warnings.warn(
+                        "Soft CCA needs a batch of at least 2; a batch of 1 adds no breadth loss",
+                        stacklevel=2,
+                    )
+                    self._warned = True
+                zero = zs.sum() * 0.0
+                return {"loss": zero, "l2": zero.detach(), "decorrelation": zero.detach()}
+            if self.objective == "cca":
+                return self._batch_cca(zs, zt)
+            zs, zt = self._normalise(zs), self._normalise(zt)
+            l2 = ((zs - zt) ** 2).mean()
+            decorrelation = self._decorrelation(zs, "phi_student") + self._decorrelation(zt, "phi_teacher")
+            if self.training:
+                self.count.mul_(self.alpha).add_(1.0)
+            return {
+                "loss": l2 + self.decorrelation_weight * decorrelation,
+                "l2": l2.detach(),
+                "decorrelation": decorrelation.detach(),
+            }
+
+    def _normalise(self, z: torch.Tensor) -> torch.Tensor:
+        # Batch norm without learnable scale or shift: per feature, zero mean and unit (biased) variance.
+        mean = z.mean(0, keepdim=True)
+        var = z.var(0, unbiased=False, keepdim=True)
+        return (z - mean) / torch.sqrt(var + self.eps)
+
+    def _decorrelation(self, z: torch.Tensor, buffer: str) -> torch.Tensor:
+        phi = getattr(self, buffer)
+        batch_cov = z.T @ z / len(z)
+        running = self.alpha * phi.detach() + batch_cov
+        normalised = running / (self.alpha * self.count + 1.0)
+        k = len(normalised)
+        off_diagonal = normalised - torch.diag(torch.diagonal(normalised))
+        if self.training:
+            with torch.no_grad():
+                phi.copy_(running.detach())
+        return off_diagonal.abs().sum() / max(k * (k - 1), 1)
+
+    def _batch_cca(self, zs: torch.Tensor, zt: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Minus the mean canonical correlation of the batch: the singular values of
+        S_ss^{-1/2} S_st S_tt^{-1/2}, each covariance with a ridge so small batches stay invertible."""
+        zs = zs - zs.mean(0, keepdim=True)
+        zt = zt - zt.mean(0, keepdim=True)
+        n = len(zs) - 1
+        eye = torch.eye(zs.shape[1], device=zs.device)
+        s_ss = zs.T @ zs / n + self.ridge * eye
+        s_tt = zt.T @ zt / n + self.ridge * eye
+        s_st = zs.T @ zt / n
+        t = _inverse_sqrt(s_ss) @ s_st @ _inverse_sqrt(s_tt)
+        correlation = torch.linalg.svdvals(t).mean()
+        return {
+            "loss": -correlation,
+            "l2": torch.zeros_like(correlation),
+            "decorrelation": -correlation.detach(),
+        }
+
+
+def _inverse_sqrt(matrix: torch.Tensor) -> torch.Tensor:
+    values, vectors = torch.linalg.eigh(matrix)
+    return vectors @ torch.diag(values.clamp(min=1e-12).rsqrt()) @ vectors.T

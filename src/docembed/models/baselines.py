@@ -1,0 +1,397 @@
+"""Baselines: TF-IDF vectors, Okapi BM25 scoring, and averaged GloVe word vectors.
+
+`tfidf` and `bm25` learn corpus statistics (vocabulary, idf). They expose the optional fit hook that the
+evaluator uses: `requires_fit` is true until `fit(texts)` has run (or a fitted model was loaded), and
+`fitted_on` (a hash of the fit texts) joins the embedding-cache key. `docembed fit tfidf CORPUS -o DIR`
+fits and saves one.
+
+Output of `tfidf.encode()`: tf-idf rows (sublinear tf, l2-normalised) are sparse and as wide as the
+vocabulary, so encode() returns dense float32 rows of a fixed-size TruncatedSVD projection (LSA,
+`svd_dim`, default 256), re-normalised to unit length; with `svd_dim=0` it returns the dense l2-normalised
+tf-idf rows themselves (vocabulary-wide: only for small vocabularies). The evaluator scores tfidf with the
+exact sparse rows (`encode_sparse`), so the published "TF-IDF cosine" numbers are what it measures.
+
+`bm25` is a scorer, not an embedding: `score(query, candidates)` is Okapi BM25 (k1=1.2, b=0.75) with idf
+and average length from the fitted corpus. encode() refuses with a clear message.
+
+`glove-avg` averages the word vectors of a text's lower-cased tokens (unknown words skipped; a text with
+no known word gets the zero vector). Vectors come from the offline GloVe 6B 50d package unless `vectors`
+names a word2vec/GloVe text file (a `count dim` header line is recognised and skipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from docembed.errors import CorruptModelError, DocembedError, UsageError
+from docembed.models.base import Encoder, EncoderConfig, l2_normalize, read_config
+from docembed.models.registry import register
+
+VOCAB_NAME = "vocab.json"
+# Words, clitics split off as GloVe and Moses do (do n't, it 's), and single punctuation marks.
+TOKEN_RE = re.compile(r"\w+(?=n't)|n't|'\w+|\w+|[^\w\s]")
+
+
+def tokenize(text: str, lowercase: bool = True) -> list[str]:
+    return TOKEN_RE.findall(text.lower() if lowercase else text)
+
+
+def texts_hash(texts: Sequence[str]) -> str:
+    """A stable hash of an ordered list of texts (length-prefixed, so boundaries count)."""
+    digest = hashlib.sha256()
+    for text in texts:
+        blob = text.encode("utf-8")
+        digest.update(len(blob).to_bytes(8, "little"))
+        digest.update(blob)
+    return digest.hexdigest()[:16]
+
+
+def _save_arrays(arrays: dict[str, np.ndarray], directory: Path) -> None:
+    from safetensors.numpy import save_file
+
+    from docembed.models.base import WEIGHTS_NAME
+
+    save_file({k: np.ascontiguousarray(v) for k, v in arrays.items()}, str(directory / WEIGHTS_NAME))
+
+
+def _load_arrays(directory: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    from docembed.models.base import WEIGHTS_NAME
+
+    path = directory / WEIGHTS_NAME
+    if not path.exists():
+        raise CorruptModelError(f"{directory}: {WEIGHTS_NAME} is missing")
+    try:
+        return load_file(str(path))
+    except Exception as error:  # safetensors raises its own error types for truncated files
+        raise CorruptModelError(f"{path} is corrupt or truncated: {error}") from None
+
+
+def _read_vocab(directory: Path) -> dict:
+    path = directory / VOCAB_NAME
+    if not path.exists():
+        raise CorruptModelError(f"{directory}: {VOCAB_NAME} is missing")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise CorruptModelError(f"{path} is corrupt: {error}") from None
+
+
+class FittedBaseline(Encoder):
+    """Shared fit bookkeeping of the corpus-statistics baselines."""
+
+    def __init__(self, config, name=None):
+        super().__init__(config, name)
+        self.fitted_on: str | None = None
+
+    @property
+    def requires_fit(self) -> bool:
+        return self.fitted_on is None
+
+    def _check_fitted(self) -> None:
+        if self.fitted_on is None:
+            raise UsageError(
+                f"{self.name} has not been fitted: run `docembed fit {self.family} CORPUS -o DIR` and use "
+                "DIR as the model (the evaluator fits it on each task's training text by itself)"
+            )
+
+
+# --- TF-IDF -----------------------------------------------------------------------------------------------
+@dataclass
+class TfidfConfig(EncoderConfig):
+    sublinear_tf: bool = True
+    lowercase: bool = True
+    min_df: int = 1
+    max_features: int | None = 200_000
+    ngram_max: int = 1
+    svd_dim: int = 256  # dense output of encode(): LSA projection size; 0 = the raw tf-idf rows
+    seed: int = 0
+
+
+@register
+class TfidfEncoder(FittedBaseline):
+    family = "tfidf"
+    config_class = TfidfConfig
+
+    def __init__(self, config: TfidfConfig, name: str | None = None):
+        super().__init__(config, name)
+        self.vectorizer = None
+        self.components: np.ndarray | None = None  # (svd_dim, vocab) when svd_dim > 0
+
+    def _new_vectorizer(self, vocabulary=None):
+        from sklearn.feature_extraction.text import TfidfVectorizer
+
+        c = self.config
+        return TfidfVectorizer(
+            sublinear_tf=c.sublinear_tf,
+            lowercase=c.lowercase,
+            min_df=1 if vocabulary is not None else c.min_df,
+            max_features=None if vocabulary is not None else c.max_features,
+            ngram_range=(1, c.ngram_max),
+            token_pattern=TOKEN_RE.pattern,
+            vocabulary=vocabulary,
+            dtype=np.float32,
+        )
+
+    def fit(self, texts: Sequence[str]) -> TfidfEncoder:
+        texts = list(texts)
+        if not any(t.strip() for t in texts):
+            raise DocembedError("tfidf cannot be fitted on empty texts")
+        self.vectorizer = self._new_vectorizer()
+        matrix = self.vectorizer.fit_transform(texts)
+        self.components = None
+        if self.config.svd_dim > 0:
+            from sklearn.decomposition import TruncatedSVD
+
+            k = min(self.config.svd_dim, matrix.shape[1] - 1, matrix.shape[0] - 1)
+            if k >= 1:
+                svd = TruncatedSVD(n_components=k, random_state=self.config.seed)
+                svd.fit(matrix)
+                self.components = svd.components_.astype(np.float32)
+        self.fitted_on = texts_hash(texts)
+        return self
+
+    def encode_sparse(self, texts: Sequence[str]):
+        """The exact l2-normalised tf-idf rows as a scipy CSR matrix (what the evaluator scores)."""
+        self._check_fitted()
+        return self.vectorizer.transform(list(texts)).astype(np.float32)
+
+    @property
+    def normalized(self) -> bool:
+        return True
+
+    @property
+    def dim(self) -> int:
+        self._check_fitted()
+        return len(self.components) if self.components is not None else len(self.vectorizer.vocabulary_)
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        sparse = self.encode_sparse(texts)
+        if self.components is None:
+            return l2_normalize(np.asarray(sparse.todense(), dtype=np.float32))
+        return l2_normalize(np.asarray(sparse @ self.components.T, dtype=np.float32))
+
+    def save(self, directory: str | Path) -> None:
+        self._check_fitted()
+        directory = Path(directory)
+        self.write_config(directory, fitted_on=self.fitted_on)
+        vocab = {term: int(i) for term, i in self.vectorizer.vocabulary_.items()}
+        payload = {"vocabulary": vocab}
+        (directory / VOCAB_NAME).write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
+        arrays = {"idf": self.vectorizer.idf_.astype(np.float32)}
+        if self.components is not None:
+            arrays["svd_components"] = self.components
+        _save_arrays(arrays, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> TfidfEncoder:
+        directory = Path(directory)
+        payload = read_config(directory)
+        model = cls(TfidfConfig.from_dict(payload["config"]))
+        vocab = _read_vocab(directory).get("vocabulary")
+        arrays = _load_arrays(directory)
+        if not isinstance(vocab, dict) or "idf" not in arrays or len(arrays["idf"]) != len(vocab):
+            raise CorruptModelError(f"{directory}: vocabulary and idf do not match")
+        model.vectorizer = model._new_vectorizer(vocabulary=vocab)
+        model.vectorizer.idf_ = arrays["idf"].astype(np.float64)
+        model.components = arrays.get("svd_components")
+        model.fitted_on = payload.get("fitted_on") or "loaded"
+        return model
+
+
+# --- BM25 -------------------------------------------------------------------------------------------------
+@dataclass
+class BM25Config(EncoderConfig):
+    k1: float = 1.2
+    b: float = 0.75
+    lowercase: bool = True
+
+
+@register
+class BM25Scorer(FittedBaseline):
+    """Okapi BM25 over a fitted corpus. idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)) (never negative)."""
+
+    family = "bm25"
+    config_class = BM25Config
+    scorer_only = True  # the evaluator asks for score(), never encode()
+
+    def __init__(self, config: BM25Config, name: str | None = None):
+        super().__init__(config, name)
+        self.doc_freq: dict[str, int] = {}
+        self.num_docs = 0
+        self.avg_len = 0.0
+
+    def fit(self, texts: Sequence[str]) -> BM25Scorer:
+        texts = list(texts)
+        doc_freq: dict[str, int] = {}
+        total = 0
+        for text in texts:
+            tokens = tokenize(text, self.config.lowercase)
+            total += len(tokens)
+            for term in set(tokens):
+                doc_freq[term] = doc_freq.get(term, 0) + 1
+        if not texts:
+            raise DocembedError("bm25 cannot be fitted on an empty corpus")
+        self.doc_freq, self.num_docs, self.avg_len = doc_freq, len(texts), total / len(texts)
+        self.fitted_on = texts_hash(texts)
+        return self
+
+    def idf(self, term: str) -> float:
+        df = self.doc_freq.get(term, 0)
+        return math.log(1.0 + (self.num_docs - df + 0.5) / (df + 0.5))
+
+    def score(self, query: str, candidates: Sequence[str]) -> np.ndarray:
+        """BM25 of each candidate document for `query` (its terms counted with multiplicity once each)."""
+        self._check_fitted()
+        k1, b = self.config.k1, self.config.b
+        query_terms = set(tokenize(query, self.config.lowercase))
+        weights = {t: self.idf(t) for t in query_terms}
+        scores = np.zeros(len(candidates), dtype=np.float32)
+        avg_len = max(self.avg_len, 1e-9)
+        for i, text in enumerate(candidates):
+            tokens = tokenize(text, self.config.lowercase)
+            counts: dict[str, int] = {}
+            for token in tokens:
+                if token in weights:
+                    counts[token] = counts.get(token, 0) + 1
+            norm = k1 * (1.0 - b + b * len(tokens) / avg_len)
+            scores[i] = sum(weights[t] * tf * (k1 + 1.0) / (tf + norm) for t, tf in counts.items())
+        return scores
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32):
+        raise UsageError(
+            "bm25 is a scorer, not an embedding: it supports reranking tasks (paraphrase-identification) only"
+        )
+
+    @property
+    def dim(self) -> int:
+        raise UsageError("bm25 is a scorer, not an embedding: it has no dimension")
+
+    def save(self, directory: str | Path) -> None:
+        self._check_fitted()
+        directory = Path(directory)
+        self.write_config(directory, fitted_on=self.fitted_on)
+        terms = sorted(self.doc_freq)
+        payload = {"terms": terms, "num_docs": self.num_docs, "avg_len": self.avg_len}
+        (directory / VOCAB_NAME).write_text(json.dumps(payload, ensure_ascii=False), encoding="utf-8")
+        _save_arrays({"doc_freq": np.array([self.doc_freq[t] for t in terms], dtype=np.int64)}, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> BM25Scorer:
+        directory = Path(directory)
+        payload = read_config(directory)
+        model = cls(BM25Config.from_dict(payload["config"]))
+        vocab = _read_vocab(directory)
+        doc_freq = _load_arrays(directory).get("doc_freq")
+        terms = vocab.get("terms")
+        if not isinstance(terms, list) or doc_freq is None or len(doc_freq) != len(terms):
+            raise CorruptModelError(f"{directory}: terms and document frequencies do not match")
+        model.doc_freq = {t: int(df) for t, df in zip(terms, doc_freq, strict=True)}
+        model.num_docs, model.avg_len = int(vocab["num_docs"]), float(vocab["avg_len"])
+        model.fitted_on = payload.get("fitted_on") or "loaded"
+        return model
+
+
+# --- averaged GloVe ---------------------------------------------------------------------------------------
+@dataclass
+class GloveConfig(EncoderConfig):
+    vectors: str | None = None  # None: offline GloVe 6B 50d; else a word2vec/GloVe text file
+    lowercase: bool = True
+
+
+def read_word_vectors(path: str | Path) -> tuple[list[str], np.ndarray]:
+    """Words and vectors of a GloVe (`word v1 ... vd`) or word2vec text file (optional `count dim` header)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DocembedError(f"word vectors file not found: {path}")
+    words, rows = [], []
+    opener = __import__("gzip").open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+        for line_number, line in enumerate(handle, 1):
+            parts = line.rstrip("\n").rstrip().split(" ")
+            if line_number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                continue
+            if len(parts) < 2:
+                continue
+            try:
+                rows.append(np.asarray(parts[1:], dtype=np.float32))
+            except ValueError:
+                raise DocembedError(f"{path}:{line_number}: not a word-vector line") from None
+            if rows and len(rows[-1]) != len(rows[0]):
+                raise DocembedError(f"{path}:{line_number}: expected {len(rows[0])} numbers")
+            words.append(parts[0])
+    if not rows:
+        raise DocembedError(f"{path} holds no word vectors")
+    return words, np.stack(rows)
+
+
+@register
+class GloveAverageEncoder(Encoder):
+    family = "glove-avg"
+    config_class = GloveConfig
+
+    def __init__(self, config: GloveConfig, name: str | None = None, _tables=None):
+        super().__init__(config, name)
+        if _tables is not None:
+            words, self.matrix = _tables
+        elif config.vectors:
+            words, self.matrix = read_word_vectors(config.vectors)
+        else:
+            words, self.matrix = _offline_glove()
+        self.index = {w: i for i, w in enumerate(words)}
+
+    @property
+    def dim(self) -> int:
+        return int(self.matrix.shape[1])
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for row, text in enumerate(texts):
+            ids = [self.index[t] for t in tokenize(text, self.config.lowercase) if t in self.index]
+            if ids:
+                out[row] = self.matrix[ids].mean(axis=0)
+        return out
+
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        self.write_config(directory)
+        words = sorted(self.index, key=self.index.get)
+        (directory / "vocab.txt").write_text("".join(f"{w}\n" for w in words), encoding="utf-8")
+        _save_arrays({"vectors": self.matrix.astype(np.float32)}, directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> GloveAverageEncoder:
+        directory = Path(directory)
+        payload = read_config(directory)
+        vocab_path = directory / "vocab.txt"
+        if not vocab_path.exists():
+            raise CorruptModelError(f"{directory}: vocab.txt is missing")
+        words = vocab_path.read_text(encoding="utf-8").split("\n")[:-1]
+        vectors = _load_arrays(directory).get("vectors")
+        if vectors is None or len(vectors) != len(words):
+            raise CorruptModelError(f"{directory}: vocab.txt and vectors do not match")
+        return cls(GloveConfig.from_dict(payload["config"]), _tables=(words, vectors))
+
+
+_GLOVE_CACHE: dict[str, tuple[list[str], np.ndarray]] = {}
+
+
+def _offline_glove() -> tuple[list[str], np.ndarray]:
+    if "offline" not in _GLOVE_CACHE:
+        import pyarrow.parquet as pq
+
+        from docembed.models.offline import glove_files
+
+        vectors_path, vocab_path = glove_files()
+        words = [str(w) for w in pq.read_table(vocab_path).column(0).to_pylist()]
+        _GLOVE_CACHE["offline"] = (words, np.load(vectors_path).astype(np.float32, copy=False))
+    return _GLOVE_CACHE["offline"]

@@ -1,0 +1,188 @@
+"""QuickThoughts (Logeswaran & Lee, ICLR 2018): two GRU sentence encoders f and g, trained so that
+f(s) . g(s') picks s's neighbours out of a batch of consecutive sentences (losses/neighbour_contrastive.py,
+training/quickthoughts_recipe.py).
+
+A sentence's embedding is, as in the reference code (lajanugen/S2V, s2v_encoder.encode with use_norm),
+[f(s)/|f(s)| ; g(s)/|g(s)|]: 2 * hidden_size (x2 when bidirectional) dimensions, norm sqrt(2).
+A document is split into sentences (Punkt) and embedded as the *mean of its sentence embeddings* (not
+re-normalised); an empty document is one empty sentence. With `output="sentences"` the model returns the
+sentence embeddings themselves as a multi-vector embedding (positions = sentence index).
+
+The saved directory holds config.json, model.safetensors (word embeddings, f, g) and vocab.json.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from docembed.errors import CorruptModelError, UsageError
+from docembed.io.embeddings import MultiVectors, Vectors
+from docembed.losses.neighbour_contrastive import NeighbourContrastiveLoss
+from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
+from docembed.models.registry import register
+from docembed.text import Vocabulary, split_sentences, tokenize
+
+VOCAB_NAME = "vocab.json"
+OUTPUTS = ("mean", "sentences")
+
+
+@dataclass
+class QuickThoughtsConfig(EncoderConfig):
+    vocab_size: int = 2
+    embedding_dim: int = 50
+    hidden_size: int = 300  # per direction
+    bidirectional: bool = False
+    freeze_embeddings: bool = False
+    lowercase: bool = True
+    max_length: int = 30  # tokens per training sentence (the reference's sequence_length)
+    max_encode_length: int = 128  # tokens per sentence at encode time (longer ones are cut)
+    context_size: int = 1  # neighbours on each side that are targets in training
+    output: str = "mean"  # "mean" (one vector per document) | "sentences" (multi-vector)
+
+    def __post_init__(self):
+        if self.output not in OUTPUTS:
+            raise UsageError(f"quickthoughts output must be 'mean' or 'sentences', got {self.output!r}")
+        if self.context_size < 1:
+            raise UsageError("quickthoughts context_size must be >= 1")
+
+    @property
+    def sentence_dim(self) -> int:
+        return 2 * self.hidden_size * (2 if self.bidirectional else 1)
+
+
+class QuickThoughtsModule(nn.Module):
+    """Shared word embeddings, the two GRUs f and g, and the training objective in forward()."""
+
+    def __init__(self, config: QuickThoughtsConfig):
+        super().__init__()
+        self.embedding = nn.Embedding(config.vocab_size, config.embedding_dim, padding_idx=Vocabulary.pad_id)
+        self.embedding.weight.requires_grad = not config.freeze_embeddings
+        gru = dict(batch_first=True, bidirectional=config.bidirectional)
+        self.f = nn.GRU(config.embedding_dim, config.hidden_size, **gru)
+        self.g = nn.GRU(config.embedding_dim, config.hidden_size, **gru)
+        self.objective = NeighbourContrastiveLoss(config.context_size)
+
+    @staticmethod
+    def _final_state(gru: nn.GRU, packed) -> torch.Tensor:
+        _, state = gru(packed)  # (directions, batch, hidden)
+        return state.transpose(0, 1).reshape(state.shape[1], -1)
+
+    def encode_pair(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f(s), g(s)) for padded token ids (batch, length) with true lengths >= 1."""
+        embedded = self.embedding(ids)
+        packed = nn.utils.rnn.pack_padded_sequence(
+            embedded, lengths.cpu(), batch_first=True, enforce_sorted=False
+        )
+        return self._final_state(self.f, packed), self._final_state(self.g, packed)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        f_vectors, g_vectors = self.encode_pair(batch["ids"], batch["lengths"])
+        return self.objective(f_vectors, g_vectors, batch.get("groups"))
+
+
+def pad_batch(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists -> (ids (n, longest) padded with the pad id, lengths (n,)); empty lists become one
+    pad token, so an empty sentence still gets a (fixed) embedding."""
+    lengths = [max(len(s), 1) for s in sequences]
+    ids = torch.full((len(sequences), max(lengths, default=1)), Vocabulary.pad_id, dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        if len(sequence):
+            ids[row, : len(sequence)] = torch.as_tensor(np.asarray(sequence, dtype=np.int64))
+    return ids, torch.tensor(lengths, dtype=torch.long)
+
+
+@register
+class QuickThoughtsEncoder(Encoder):
+    family = "quickthoughts"
+    config_class = QuickThoughtsConfig
+
+    def __init__(
+        self,
+        config: QuickThoughtsConfig,
+        name: str | None = None,
+        vocabulary: Vocabulary | None = None,
+        module: QuickThoughtsModule | None = None,
+        device: str = "cpu",
+    ):
+        super().__init__(config, name)
+        self.vocabulary = vocabulary or Vocabulary(["<pad>", "<unk>"])
+        if len(self.vocabulary) != config.vocab_size:
+            raise CorruptModelError(
+                f"the vocabulary has {len(self.vocabulary)} words, the config says {config.vocab_size}"
+            )
+        self.module = (module or QuickThoughtsModule(config)).to(device).eval()
+        self.device = device
+
+    @property
+    def multi_vector(self) -> bool:
+        return self.config.output == "sentences"
+
+    @property
+    def dim(self) -> int:
+        return self.config.sentence_dim
+
+    def set_output(self, output: str) -> None:
+        """Switch between one mean vector per document and the sentence vectors (multi-vector)."""
+        if output not in OUTPUTS:
+            raise UsageError(f"quickthoughts output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        self.config.output = output
+
+    def to(self, device: str) -> QuickThoughtsEncoder:
+        self.module.to(device)
+        self.device = device
+        return self
+
+    def sentence_ids(self, sentence: str) -> list[int]:
+        tokens = tokenize(sentence, lowercase=self.config.lowercase)[: self.config.max_encode_length]
+        return self.vocabulary.ids(tokens)
+
+    @torch.inference_mode()
+    def encode_sentences(self, sentences: Sequence[str], batch_size: int = 128) -> np.ndarray:
+        """[f/|f| ; g/|g|] for each sentence as given (no further splitting)."""
+        token_ids = [self.sentence_ids(s) for s in sentences]
+        out = np.zeros((len(token_ids), self.dim), dtype=np.float32)
+        # Sorting by length keeps padding (and wasted GRU steps) small; rows go back to input order.
+        order = np.argsort([len(t) for t in token_ids], kind="stable")
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            ids, lengths = pad_batch([token_ids[i] for i in rows])
+            f_vectors, g_vectors = self.module.encode_pair(ids.to(self.device), lengths)
+            vectors = torch.cat(
+                [nn.functional.normalize(f_vectors, dim=1), nn.functional.normalize(g_vectors, dim=1)], dim=1
+            )
+            out[rows] = vectors.float().cpu().numpy()
+        return out
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
+        per_doc = [split_sentences(text) or [""] for text in texts]
+        flat = [s for sentences in per_doc for s in sentences]
+        # The GRU batch is in sentences; a document batch of 32 holds many more, so widen it.
+        vectors = self.encode_sentences(flat, batch_size=max(batch_size, 128))
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in per_doc])]).astype(np.int64)
+        if self.config.output == "sentences":
+            positions = np.concatenate([np.arange(len(s)) for s in per_doc]) if per_doc else np.zeros(0)
+            return MultiVectors(vectors, offsets, positions.astype(np.int64))
+        if not per_doc:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        sums = np.add.reduceat(vectors, offsets[:-1], axis=0)
+        return (sums / np.diff(offsets)[:, None]).astype(np.float32)
+
+    def save(self, directory: str | Path) -> None:
+        directory = self.write_config(directory)
+        save_state_dict(self.module, directory)
+        self.vocabulary.save(directory / VOCAB_NAME)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> QuickThoughtsEncoder:
+        payload = read_config(directory)
+        config = QuickThoughtsConfig.from_dict(payload["config"])
+        vocabulary = Vocabulary.load(Path(directory) / VOCAB_NAME)
+        module = QuickThoughtsModule(config)
+        load_state_dict(module, directory, device="cpu")
+        return cls(config, vocabulary=vocabulary, module=module, device=device)

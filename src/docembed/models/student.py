@@ -1,0 +1,307 @@
+"""The long-document student (Burian, "Document embedding using Transformers"): a Longformer with
+sliding-window attention, mean-pooled over its tokens, later distilled from SBERT and Paragraph Vector.
+
+Two ways to get one:
+- a real Longformer checkpoint (`allenai/longformer-base-4096`, or a local copy of it) is wrapped as is;
+- `convert_to_long` turns a short BERT/RoBERTa-style checkpoint (the offline all-MiniLM-L6-v2, say) into a
+  Longformer: position embeddings tiled up to the new length, every layer's self-attention switched to a
+  sliding window, and the global projections (query_global/key_global/value_global) copied from the local
+  ones. Mean pooling needs no global attention, so those copies only matter to users who add it.
+
+Position ids: transformers' Longformer is RoBERTa-style. It numbers real tokens from `pad_token_id + 1`
+(padding tokens get `pad_token_id`). BERT numbers positions from 0 with no offset, RoBERTa from
+`pad_token_id + 1`. `convert_to_long` therefore writes the source's position `p` (p counted from 0 over real
+tokens) into row `pad_token_id + 1 + p` of the new table, reading it from row `source_offset + p mod n` of the
+old one (`source_offset` is 0 for BERT, `pad + 1` for RoBERTa; `n` the source's usable positions).
+
+Saved format: config.json (the docembed config, with the Longformer's own config inside it),
+model.safetensors (the LongformerModel weights) and the tokenizer's json/txt files under `tokenizer/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from docembed.errors import CorruptModelError, DocembedError, UsageError
+from docembed.models.base import (
+    Encoder,
+    EncoderConfig,
+    l2_normalize,
+    load_state_dict,
+    read_config,
+    save_state_dict,
+)
+from docembed.models.registry import register
+
+TOKENIZER_SUBDIR = "tokenizer"
+# Sources whose absolute positions start after the padding index (fairseq's make_positions).
+ROBERTA_STYLE = {"roberta", "xlm-roberta", "camembert", "longformer"}
+BERT_STYLE = {"bert"}
+# Aliases accepted as a conversion source: the offline SBERT weights (a plain BertModel underneath).
+SOURCE_ALIASES = {
+    "sbert": "all-MiniLM-L6-v2",
+    "minilm": "all-MiniLM-L6-v2",
+    "all-MiniLM-L6-v2": "all-MiniLM-L6-v2",
+}
+
+
+@dataclass
+class StudentConfig(EncoderConfig):
+    max_length: int = 4096  # tokens read per document, [CLS] and [SEP] included
+    attention_window: int = 256  # sliding-window size (even; each token sees window/2 on either side)
+    normalize: bool = True  # unit-length output, as the SBERT teacher's
+    source: str = ""  # what the student was converted from (informational)
+    longformer: dict[str, Any] = field(default_factory=dict)  # the transformers LongformerConfig
+
+
+@register
+class StudentEncoder(Encoder):
+    family = "student"
+    config_class = StudentConfig
+
+    def __init__(self, config: StudentConfig, model=None, tokenizer=None, name: str | None = None):
+        super().__init__(config, name)
+        if model is None:
+            from transformers import LongformerConfig, LongformerModel
+
+            if not config.longformer:
+                raise UsageError("a student needs a Longformer: use `docembed convert-long` to make one")
+            model = LongformerModel(LongformerConfig(**config.longformer), add_pooling_layer=False)
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = "cpu"
+
+    # --- encoding -----------------------------------------------------------------------------------
+    @property
+    def normalized(self) -> bool:
+        return self.config.normalize
+
+    @property
+    def dim(self) -> int:
+        return int(self.model.config.hidden_size)
+
+    def to(self, device: str) -> StudentEncoder:
+        self.model.to(device)
+        self.device = device
+        return self
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids per text, truncated to max_length ([CLS] ... [SEP] included)."""
+        out = self.tokenizer(list(texts), truncation=True, max_length=self.config.max_length)
+        return out["input_ids"]
+
+    def encode(self, texts: Sequence[str], batch_size: int = 8) -> np.ndarray:
+        import torch
+
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        ids = self.tokenize(texts)
+        # Longest first, so each batch pads to similar lengths; rows go back to input order at the end.
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        was_training = self.model.training
+        self.model.eval()
+        with torch.inference_mode():
+            for start in range(0, len(order), batch_size):
+                rows = order[start : start + batch_size]
+                input_ids, mask = pad_batch([ids[i] for i in rows], self.pad_id)
+                pooled = self.forward(input_ids.to(self.device), mask.to(self.device))
+                out[rows] = pooled.float().cpu().numpy()
+        self.model.train(was_training)
+        return l2_normalize(out) if self.config.normalize else out
+
+    @property
+    def pad_id(self) -> int:
+        return int(self.model.config.pad_token_id)
+
+    def forward(self, input_ids, attention_mask):
+        """Masked mean of the last layer's token vectors (differentiable; the training recipe uses it)."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return masked_mean(hidden, attention_mask)
+
+    # --- save / load --------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> None:
+        directory = Path(directory)
+        self.config.longformer = _longformer_dict(self.model.config)
+        self.write_config(directory)
+        save_state_dict(self.model, directory)
+        self.tokenizer.save_pretrained(str(directory / TOKENIZER_SUBDIR))
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> StudentEncoder:
+        from transformers import AutoTokenizer
+
+        payload = read_config(directory)
+        config = StudentConfig.from_dict(payload["config"])
+        encoder = cls(config)
+        load_state_dict(encoder.model, directory)
+        tok_dir = Path(directory) / TOKENIZER_SUBDIR
+        if not tok_dir.is_dir():
+            raise CorruptModelError(f"{directory}: {TOKENIZER_SUBDIR}/ is missing")
+        encoder.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+        encoder.model.eval()
+        return encoder.to(device)
+
+
+def masked_mean(hidden, attention_mask):
+    mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+
+
+def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int):
+    """(input_ids, attention_mask) tensors, right-padded to the longest sequence."""
+    import torch
+
+    width = max(1, max(len(s) for s in sequences))
+    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
+        mask[row, : len(seq)] = 1
+    return input_ids, mask
+
+
+def _longformer_dict(config) -> dict[str, Any]:
+    values = config.to_dict()
+    # Keep what rebuilds the architecture; drop transformers' bookkeeping that changes between versions.
+    for key in ("transformers_version", "architectures", "_name_or_path", "torch_dtype", "dtype"):
+        values.pop(key, None)
+    return values
+
+
+# --- conversion ---------------------------------------------------------------------------------------
+def resolve_source(source: str) -> str:
+    if source in SOURCE_ALIASES:
+        from docembed.models.offline import resolve_sbert
+
+        return resolve_sbert(SOURCE_ALIASES[source])
+    return source
+
+
+def convert_to_long(model, tokenizer, max_length: int = 4096, attention_window: int = 256):
+    """A LongformerModel with `model`'s weights (a BertModel/RobertaModel-style encoder) that reads
+    `max_length` tokens; returns it (eval mode)."""
+    import torch
+    from transformers import LongformerConfig, LongformerModel
+
+    source = model.config
+    kind = source.model_type
+    if kind not in ROBERTA_STYLE | BERT_STYLE:
+        raise UsageError(
+            f"convert-long supports BERT- and RoBERTa-style encoders, not {kind!r} "
+            "(its attention or positions differ)"
+        )
+    if getattr(source, "position_embedding_type", "absolute") not in ("absolute", None):
+        raise UsageError("convert-long needs absolute position embeddings")
+    if attention_window < 2 or attention_window % 2:
+        raise UsageError(f"--attention-window must be an even number >= 2, got {attention_window}")
+    if max_length < 2:
+        raise UsageError(f"--max-length must be >= 2, got {max_length}")
+    pad = source.pad_token_id if source.pad_token_id is not None else 0
+    config = LongformerConfig(
+        vocab_size=source.vocab_size,
+        hidden_size=source.hidden_size,
+        num_hidden_layers=source.num_hidden_layers,
+        num_attention_heads=source.num_attention_heads,
+        intermediate_size=source.intermediate_size,
+        hidden_act=source.hidden_act,
+        hidden_dropout_prob=source.hidden_dropout_prob,
+        attention_probs_dropout_prob=source.attention_probs_dropout_prob,
+        type_vocab_size=source.type_vocab_size,
+        layer_norm_eps=source.layer_norm_eps,
+        initializer_range=source.initializer_range,
+        pad_token_id=pad,
+        bos_token_id=getattr(source, "bos_token_id", None),
+        eos_token_id=getattr(source, "eos_token_id", None),
+        # Real tokens use rows pad+1 .. pad+max_length; Longformer pads the input up to a multiple of the
+        # window, but those padding tokens take the padding row, so no more rows are needed.
+        max_position_embeddings=max_length + pad + 1,
+        attention_window=[attention_window] * source.num_hidden_layers,
+    )
+    long_model = LongformerModel(config, add_pooling_layer=False)
+    old = model.state_dict()
+    new = long_model.state_dict()
+    filled = set()
+    with torch.no_grad():
+        for key, tensor in new.items():
+            if key == "embeddings.position_embeddings.weight":
+                tensor.copy_(tile_positions(old[key], len(tensor), pad, _source_offset(source)))
+            elif key in old and old[key].shape == tensor.shape:
+                tensor.copy_(old[key])
+            elif "_global." in key and key.replace("_global.", ".") in old:
+                tensor.copy_(old[key.replace("_global.", ".")])
+            else:
+                continue
+            filled.add(key)
+    missing = set(new) - filled
+    if missing:
+        raise DocembedError(f"cannot convert {kind}: no source weights for {sorted(missing)[:5]}")
+    long_model.load_state_dict(new)
+    long_model.eval()
+    return long_model
+
+
+def _source_offset(config) -> int:
+    if config.model_type in ROBERTA_STYLE:
+        return (config.pad_token_id if config.pad_token_id is not None else 1) + 1
+    return 0
+
+
+def tile_positions(old, rows: int, pad: int, source_offset: int):
+    """New position table of `rows` rows: row pad+1+p holds source position p mod n (n = the source's
+    usable positions, which start at row `source_offset` of `old`). Rows up to `pad` keep the source's
+    rows when it has them (its padding row), zeros otherwise."""
+    import torch
+
+    usable = old[source_offset:]
+    if len(usable) < 1:
+        raise DocembedError("the source model has no usable position embeddings")
+    table = torch.zeros((rows, old.shape[1]), dtype=old.dtype)
+    head = min(pad + 1, rows)
+    if source_offset and len(old) >= head:
+        table[:head] = old[:head]
+    count = rows - (pad + 1)
+    if count > 0:
+        index = torch.arange(count) % len(usable)
+        table[pad + 1 :] = usable[index]
+    return table
+
+
+def convert_long(
+    source: str, max_length: int = 4096, attention_window: int = 256, normalize: bool = True
+) -> StudentEncoder:
+    """Load `source` (alias, local path or hub id) and return a long student built from it. A source that
+    already is a Longformer (allenai/longformer-base-4096) is wrapped, with its window reset if asked."""
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    path = resolve_source(source)
+    try:
+        hf_config = AutoConfig.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        raise DocembedError(f"cannot load {source!r} as a transformers checkpoint: {error}") from None
+    if hf_config.model_type == "longformer":
+        from transformers import LongformerModel
+
+        hf_config.attention_window = [attention_window] * hf_config.num_hidden_layers
+        model = LongformerModel.from_pretrained(path, config=hf_config, add_pooling_layer=False)
+        limit = hf_config.max_position_embeddings - hf_config.pad_token_id - 1
+        if max_length > limit:
+            raise UsageError(f"{source} reads at most {limit} tokens; --max-length {max_length} is too long")
+    else:
+        model = convert_to_long(AutoModel.from_pretrained(path), tokenizer, max_length, attention_window)
+    tokenizer.model_max_length = max_length
+    config = StudentConfig(
+        max_length=max_length,
+        attention_window=attention_window,
+        normalize=normalize,
+        source=str(source),
+        longformer=_longformer_dict(model.config),
+    )
+    return StudentEncoder(config, model=model, tokenizer=tokenizer, name="student")

@@ -1,0 +1,93 @@
+"""Pairwise similarity and reranking on top of any Encoder (what `similarity` and `rerank` run).
+
+Texts are encoded in batches and scored with docembed.scoring: one matrix product per query for
+reranking, padded batched products for pair lists; no Python loop per pair.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from docembed.errors import InputFormatError
+from docembed.io.embeddings import MultiVectors, Vectors
+from docembed.io.readers import batched
+from docembed.models.base import Encoder
+from docembed.scoring import rank, score_one_to_many, score_pairs
+
+
+def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str], batch_size: int = 32):
+    """Score left[i] against right[i]: cosine, or mean-MaxSim with left[i] as the query."""
+    return score_pairs(model.encode(left, batch_size), model.encode(right, batch_size))
+
+
+def _take(vectors: Vectors, index: int) -> Vectors:
+    if isinstance(vectors, MultiVectors):
+        return vectors.select([index])
+    return vectors[index : index + 1]
+
+
+def rerank_rows(
+    model: Encoder,
+    rows: Iterable[tuple[int, dict]],
+    source: str,
+    docs: dict[str, str] | None = None,
+    batch_size: int = 32,
+    chunk_size: int = 256,
+) -> Iterator[dict]:
+    """Rerank each task row, best first. A row is {"source": id, "candidates": [ids]} (texts from `docs`)
+    or {"query": text, "candidates": [texts]}. `rows` yields (line_number, record). Rows are processed in
+    chunks: all texts of a chunk are encoded together, each distinct document once."""
+    for chunk in batched(rows, chunk_size):
+        texts: list[str] = []
+        slot: dict[str, int] = {}
+
+        def add(key: str, text: str) -> int:
+            if key not in slot:
+                slot[key] = len(texts)
+                texts.append(text)
+            return slot[key]
+
+        plans = []
+        for line_number, row in chunk:
+            query_key, candidate_keys, by_id = _resolve(row, docs, source, line_number)
+            lookup = (lambda k: docs[k]) if by_id else (lambda k: k)
+            q = add(("id:" if by_id else "text:") + query_key, lookup(query_key))
+            c = [add(("id:" if by_id else "text:") + k, lookup(k)) for k in candidate_keys]
+            plans.append((row, query_key, candidate_keys, by_id, q, c))
+        vectors = model.encode(texts, batch_size=batch_size)
+        for row, query_key, candidate_keys, by_id, q, c in plans:
+            candidates = _gather(vectors, c)
+            scores = score_one_to_many(_take(vectors, q), candidates)
+            order = rank(scores)
+            key = "id" if by_id else "text"
+            yield {
+                ("source" if by_id else "query"): query_key,
+                "ranking": [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order],
+            }
+
+
+def _gather(vectors: Vectors, indices: list[int]) -> Vectors:
+    if isinstance(vectors, MultiVectors):
+        return vectors.select(indices)
+    return vectors[np.asarray(indices, dtype=np.int64)]
+
+
+def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: int):
+    candidates = row.get("candidates")
+    if not isinstance(candidates, list) or not candidates:
+        raise InputFormatError(source, line_number, "'candidates' must be a non-empty list")
+    if "source" in row:
+        if docs is None:
+            raise InputFormatError(source, line_number, "rows with 'source' ids need --docs")
+        keys = [str(row["source"]), *map(str, candidates)]
+        missing = [k for k in keys if k not in docs]
+        if missing:
+            raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
+        return keys[0], keys[1:], True
+    if "query" in row and isinstance(row["query"], str):
+        if not all(isinstance(c, str) for c in candidates):
+            raise InputFormatError(source, line_number, "candidates of a 'query' row must be texts")
+        return row["query"], candidates, False
+    raise InputFormatError(source, line_number, "expected a 'source' id or a 'query' text")

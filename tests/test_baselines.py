@@ -1,0 +1,152 @@
+"""Baselines: tfidf (fit, sparse/dense output, save/load), bm25 (hand-computed Okapi scores), glove-avg."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from docembed.errors import UsageError
+from docembed.models.baselines import (
+    BM25Config,
+    BM25Scorer,
+    GloveAverageEncoder,
+    GloveConfig,
+    TfidfConfig,
+    TfidfEncoder,
+    tokenize,
+)
+from docembed.models.registry import load_model
+
+CORPUS = [
+    "the cat sat on the mat",
+    "the dog sat on the log",
+    "cats and dogs are pets",
+    "a stock market report",
+    "",
+]
+
+
+def test_tokenize_splits_clitics_like_glove():
+    assert tokenize("I don't know, it's Mrs. Smith's") == [
+        "i",
+        "do",
+        "n't",
+        "know",
+        ",",
+        "it",
+        "'s",
+        "mrs",
+        ".",
+        "smith",
+        "'s",
+    ]
+
+
+def test_tfidf_sparse_rows_are_sublinear_and_normalised():
+    model = TfidfEncoder(TfidfConfig(svd_dim=0)).fit(CORPUS)
+    rows = model.encode_sparse(["the the the cat", ""])
+    assert rows.shape[0] == 2
+    assert np.linalg.norm(rows[0].toarray()) == pytest.approx(1.0, abs=1e-6)
+    assert rows[1].nnz == 0  # empty text: zero row
+    vocab = model.vectorizer.vocabulary_
+    idf = model.vectorizer.idf_
+    weights = rows[0].toarray()[0]
+    # sublinear tf: 1 + ln(3) for "the" against 1 for "cat", each times its idf
+    ratio = weights[vocab["the"]] / weights[vocab["cat"]]
+    assert ratio == pytest.approx((1 + math.log(3)) * idf[vocab["the"]] / idf[vocab["cat"]], rel=1e-5)
+    dense = model.encode(["the cat"])
+    assert dense.shape == (1, len(vocab)) and dense.dtype == np.float32
+
+
+def test_tfidf_save_load_round_trip_with_svd(tmp_path):
+    model = TfidfEncoder(TfidfConfig(svd_dim=3)).fit(CORPUS)
+    before = model.encode(["the cat sat", "market"])
+    assert before.shape == (2, 3)
+    model.save(tmp_path / "tfidf")
+    assert {p.name for p in (tmp_path / "tfidf").iterdir()} == {
+        "config.json",
+        "vocab.json",
+        "model.safetensors",
+    }
+    loaded = load_model(str(tmp_path / "tfidf"))
+    assert not loaded.requires_fit
+    assert np.allclose(loaded.encode(["the cat sat", "market"]), before, atol=1e-6)
+    assert (loaded.encode_sparse(["dog"]) != model.encode_sparse(["dog"])).nnz == 0
+
+
+def test_unfitted_tfidf_says_how_to_fit():
+    with pytest.raises(UsageError, match="docembed fit tfidf"):
+        TfidfEncoder(TfidfConfig()).encode(["x"])
+
+
+def test_bm25_matches_hand_computed_okapi():
+    docs = ["a b", "a c c", "d"]
+    scorer = BM25Scorer(BM25Config(k1=1.2, b=0.75)).fit(docs)
+    avg_len = 6 / 3
+
+    def idf(df):
+        return math.log(1 + (3 - df + 0.5) / (df + 0.5))
+
+    def term(tf, length, df):
+        return idf(df) * tf * 2.2 / (tf + 1.2 * (1 - 0.75 + 0.75 * length / avg_len))
+
+    scores = scorer.score("a c", docs)
+    assert scores[0] == pytest.approx(term(1, 2, 2), rel=1e-5)
+    assert scores[1] == pytest.approx(term(1, 3, 2) + term(2, 3, 1), rel=1e-5)
+    assert scores[2] == 0.0
+    with pytest.raises(UsageError, match="scorer"):
+        scorer.encode(["a"])
+
+
+def test_bm25_save_load(tmp_path):
+    scorer = BM25Scorer(BM25Config()).fit(CORPUS)
+    scorer.save(tmp_path / "bm25")
+    loaded = load_model(str(tmp_path / "bm25"))
+    query, candidates = "the cat", CORPUS
+    assert np.allclose(loaded.score(query, candidates), scorer.score(query, candidates))
+
+
+def test_glove_average_of_word_vectors_file(tmp_path):
+    path = tmp_path / "vectors.txt"
+    path.write_text("3 2\nhello 1 0\nworld 0 1\n, 5 5\n", encoding="utf-8")  # word2vec header line
+    model = GloveAverageEncoder(GloveConfig(vectors=str(path)))
+    out = model.encode(["Hello world", "hello unknown", "", "nothing known"])
+    assert out.tolist() == [[0.5, 0.5], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+    model.save(tmp_path / "saved")
+    again = load_model(str(tmp_path / "saved"))
+    assert np.array_equal(again.encode(["hello , world"]), model.encode(["hello , world"]))
+
+
+def test_glove_avg_builtin_uses_offline_vectors():
+    from docembed.models.baselines import _offline_glove
+
+    model = load_model("glove-avg")
+    words, matrix = _offline_glove()
+    expected = (matrix[words.index("good")] + matrix[words.index("movie")]) / 2
+    assert np.allclose(model.encode(["Good movie"])[0], expected)
+    assert model.dim == 50
+
+
+def test_cli_fit_then_encode(tmp_path):
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS[:4]) + "\n", encoding="utf-8")
+    runner = CliRunner()
+    fitted = runner.invoke(
+        app, ["-q", "fit", "tfidf", str(corpus), "-o", str(tmp_path / "m"), "--svd-dim", "2"]
+    )
+    assert fitted.exit_code == 0, fitted.output
+    out = tmp_path / "emb.npy"
+    encoded = runner.invoke(
+        app, ["-q", "encode", str(corpus), "--model", str(tmp_path / "m"), "-o", str(out)]
+    )
+    assert encoded.exit_code == 0, encoded.output
+    assert np.load(out).shape == (4, 2)
+    meta = json.loads((tmp_path / "emb.meta.json").read_text())
+    assert meta["family"] == "tfidf"

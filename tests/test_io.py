@@ -1,0 +1,146 @@
+"""Readers (formats, streaming, shards, bad input) and every embeddings container's round trip."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from docembed.errors import DocembedError, InputFormatError, UsageError
+from docembed.io.embeddings import (
+    OUTPUT_FORMATS,
+    EmbeddingSet,
+    MultiVectors,
+    check_output_path,
+    load_embeddings,
+    save_embeddings,
+)
+from docembed.io.readers import DocumentReader, Shard, count_lines
+
+
+def write(path, text: str | bytes):
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    return str(path)
+
+
+def test_jsonl_fields_generated_ids_and_empty_texts(tmp_path):
+    src = write(tmp_path / "d.jsonl", '{"doc":"a","body":"x"}\n{"body":""}\n{"doc":7,"body":"z"}\n')
+    docs = list(DocumentReader(src, id_field="doc", text_field="body"))
+    assert [(d.id, d.text) for d in docs] == [("a", "x"), ("1", ""), ("7", "z")]
+
+
+def test_txt_and_tsv_and_gzip(tmp_path):
+    assert [d.text for d in DocumentReader(write(tmp_path / "a.txt", "one\n\nthree"))] == ["one", "", "three"]
+    tsv = DocumentReader(write(tmp_path / "a.tsv", "L0\thello world\nL1\t\n"))
+    assert [(d.id, d.text) for d in tsv] == [("L0", "hello world"), ("L1", "")]
+    gz = tmp_path / "a.jsonl.gz"
+    gz.write_bytes(gzip.compress(b'{"id":"g","text":"zipped"}\n'))
+    assert list(DocumentReader(str(gz)))[0].text == "zipped"
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"id":1,"text":"ok"}\n{"id":2,"text":\n', "malformed JSON"),
+        (b'{"id":1,"text":"ok"}\n{"id":2,"body":"x"}\n', "'text' missing"),
+        (b'{"id":1,"text":"ok"}\n{"id":2,"text":"caf\xe9"}\n', "invalid UTF-8"),
+        (b'{"id":1,"text":"ok"}\n[1,2]\n', "expected a JSON object"),
+    ],
+)
+def test_malformed_line_names_file_and_line(tmp_path, content, reason):
+    src = write(tmp_path / "bad.jsonl", content)
+    with pytest.raises(InputFormatError) as info:
+        list(DocumentReader(src))
+    assert info.value.line_number == 2 and reason in str(info.value) and "bad.jsonl:2" in str(info.value)
+    reader = DocumentReader(src, skip_invalid=True)
+    assert [d.text for d in reader] == ["ok"] and reader.skipped == 1
+
+
+def test_stdin_needs_format_and_unknown_suffix(tmp_path):
+    with pytest.raises(UsageError):
+        DocumentReader("-")
+    with pytest.raises(UsageError):
+        DocumentReader(write(tmp_path / "x.csv", "a"))
+    with pytest.raises(DocembedError, match="not found"):
+        list(DocumentReader(str(tmp_path / "missing.jsonl")))
+
+
+def test_shards_are_contiguous_and_cover_the_input(tmp_path):
+    src = write(tmp_path / "n.txt", "".join(f"doc {i}\n" for i in range(10)))
+    assert count_lines(src) == 10
+    parts = [[d.id for d in DocumentReader(src, shard=Shard(i, 3))] for i in range(3)]
+    assert sum(parts, []) == [str(i) for i in range(10)]
+    assert [len(p) for p in parts] == [3, 3, 4]
+    with pytest.raises(UsageError):
+        Shard.parse("3/3")
+
+
+def test_reader_streams_without_reading_ahead(tmp_path):
+    # a generator-backed reader hands out the first document before touching a malformed last line
+    src = write(tmp_path / "s.jsonl", '{"text":"first"}\n' * 3 + "{broken\n")
+    it = iter(DocumentReader(src))
+    assert next(it).text == "first"
+
+
+def multi_set():
+    rng = np.random.default_rng(0)
+    counts = [3, 1, 0, 2]
+    data = MultiVectors.from_list(
+        [rng.standard_normal((c, 4)).astype(np.float32) for c in counts],
+        [np.arange(c) * 2 for c in counts],
+    )
+    return EmbeddingSet(data, ["a", "b", "empty", "d"], {"model": "m", "normalized": False})
+
+
+def dense_set():
+    rng = np.random.default_rng(1)
+    return EmbeddingSet(rng.standard_normal((3, 5)).astype(np.float32), ["x", "y", "z"], {"model": "m"})
+
+
+@pytest.mark.parametrize("fmt", OUTPUT_FORMATS)
+@pytest.mark.parametrize("make", [dense_set, multi_set])
+def test_round_trip_every_container(tmp_path, fmt, make):
+    original = make()
+    path = str(tmp_path / f"emb.{fmt}")
+    save_embeddings(original, path)
+    loaded = load_embeddings(path)
+    assert loaded.ids == original.ids
+    assert loaded.metadata["model"] == "m" and loaded.metadata["dim"] == original.dim
+    if original.is_multi:
+        assert loaded.is_multi
+        np.testing.assert_array_equal(loaded.data.offsets, original.data.offsets)
+        np.testing.assert_allclose(loaded.data.vectors, original.data.vectors, rtol=1e-6)
+        np.testing.assert_array_equal(loaded.data.positions, original.data.positions)
+    else:
+        np.testing.assert_allclose(loaded.data, original.data, rtol=1e-6)
+
+
+def test_parquet_is_readable_by_other_tools(tmp_path):
+    import pyarrow.parquet as pq
+
+    save_embeddings(dense_set(), str(tmp_path / "e.parquet"))
+    table = pq.read_table(tmp_path / "e.parquet")
+    assert table.column_names == ["id", "vector"]
+    assert json.loads(table.schema.metadata[b"docembed"])["kind"] == "dense"
+
+
+def test_output_checks(tmp_path):
+    with pytest.raises(DocembedError, match="folder does not exist"):
+        check_output_path(str(tmp_path / "nope" / "e.npy"), overwrite=False)
+    (tmp_path / "e.npy").write_bytes(b"keep")
+    with pytest.raises(DocembedError, match="--overwrite"):
+        check_output_path(str(tmp_path / "e.npy"), overwrite=False)
+    check_output_path(str(tmp_path / "e.npy"), overwrite=True)
+
+
+def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
+    import docembed.io.embeddings as emb_io
+
+    def boom(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(emb_io.np, "savez", boom)
+    target = tmp_path / "e.npz"
+    with pytest.raises(KeyboardInterrupt):
+        save_embeddings(dense_set(), str(target))
+    assert list(tmp_path.iterdir()) == []

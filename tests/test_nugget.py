@@ -1,0 +1,432 @@
+"""NUGGET: each of the paper's mechanisms, on tiny randomly initialised BERT2BERT / BART models."""
+
+from __future__ import annotations
+
+import json
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+from docembed.models.nugget import (
+    NuggetConfig,
+    NuggetEncoder,
+    corpus_bleu,
+    cross_attention_bias,
+    load_tokenizer,
+    nugget_counts,
+    select_chunks,
+    select_top_k,
+)
+from docembed.models.offline import minilm_path
+
+TEXTS = [
+    "the cat sat on the mat , and the dog barked .",
+    "a much longer document : it has several clauses , some commas ; and then it ends , finally .",
+    "",
+    "short one .",
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(minilm_path())
+
+
+def bert_configs(layers: int = 4, decoder_layers: int = 2, hidden: int = 32):
+    from transformers import BertConfig
+
+    common = dict(
+        vocab_size=30522,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=128,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    encoder = BertConfig(num_hidden_layers=layers, **common)
+    decoder = BertConfig(
+        num_hidden_layers=decoder_layers, is_decoder=True, add_cross_attention=True, **common
+    )
+    return encoder.to_dict(), decoder.to_dict()
+
+
+def tiny(tokenizer, seed: int = 0, **options) -> NuggetEncoder:
+    torch.manual_seed(seed)
+    encoder_config, decoder_config = bert_configs()
+    values = dict(backbone="config", kind="bert", ratio=0.25, scorer_layer=2, max_length=64)
+    values.update(options)
+    config = NuggetConfig(encoder_config=encoder_config, decoder_config=decoder_config, **values)
+    return NuggetEncoder(config, tokenizer=tokenizer)
+
+
+def batch_of(encoder: NuggetEncoder, texts=TEXTS) -> dict[str, torch.Tensor]:
+    from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    examples = tokenize_examples(encoder, list(texts), None, 64)
+    recipe = NuggetRecipe(encoder, examples, "ae", noise=0.0, batch_size=len(examples))
+    return next(iter(recipe.batches(0)))
+
+
+# --- k = ceil(r n), text order --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio", [0.05, 0.1, 0.25, 1 / 3, 1.0])
+def test_k_is_ceil_of_ratio_times_tokens(ratio):
+    lengths = [1, 2, 3, 9, 10, 20, 30, 64, 129]
+    mask = torch.zeros((len(lengths), max(lengths)), dtype=torch.long)
+    for row, n in enumerate(lengths):
+        mask[row, :n] = 1
+    expected = [
+        max(1, math.ceil(Fraction(str(ratio)) * n)) if ratio != 1 / 3 else math.ceil(n / 3) for n in lengths
+    ]
+    assert nugget_counts(mask, ratio).tolist() == expected
+
+
+def test_encoded_documents_carry_ceil_r_n_nuggets_and_grow_with_length(tokenizer):
+    encoder = tiny(tokenizer)
+    for ratio in (0.1, 0.25):
+        encoder.set_ratio(ratio)
+        vectors = encoder.encode(TEXTS)
+        lengths = [len(ids) for ids in encoder.tokenize(TEXTS)]  # special tokens count, padding does not
+        assert vectors.counts.tolist() == [math.ceil(Fraction(str(ratio)) * n) for n in lengths]
+    assert vectors.counts[1] > vectors.counts[0]  # the longer document keeps more nuggets
+
+
+def test_nuggets_are_in_text_order():
+    scores = torch.tensor([[0.0, 5.0, 1.0, 9.0, 7.0, 3.0], [9.0, 8.0, 7.0, 1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    indices, slots = select_top_k(scores, mask, 0.5)
+    assert indices[0].tolist() == [1, 3, 4]  # top 3 by score are 3, 4, 1: returned in text order
+    assert indices[1, :2].tolist() == [0, 1] and slots[1].tolist() == [True, True, False]
+
+
+def test_encode_positions_increase_within_each_document(tokenizer):
+    vectors = tiny(tokenizer, seed=3).encode(TEXTS)
+    for i in range(len(TEXTS)):
+        positions = vectors.positions[vectors.offsets[i] : vectors.offsets[i + 1]]
+        assert np.all(np.diff(positions) > 0)
+
+
+# --- residual connection: the scorer's only gradient ---------------------------------------------------
+
+
+def scorer_grad_norm(encoder: NuggetEncoder, batch) -> float:
+    model = encoder.model.train()
+    model.zero_grad(set_to_none=True)
+    model(batch)["loss"].backward()
+    grads = [p.grad for p in model.scorer.parameters()]
+    return sum(0.0 if g is None else float(g.norm()) for g in grads)
+
+
+def test_scorer_learns_only_through_the_residual(tokenizer):
+    raw = tiny(tokenizer, residual="raw")
+    assert scorer_grad_norm(raw, batch_of(raw)) > 0
+    cut = tiny(tokenizer, residual="none")  # same weights, no residual
+    assert scorer_grad_norm(cut, batch_of(cut)) == 0
+
+
+def test_straight_through_residual_gives_gradient_without_changing_the_loss(tokenizer):
+    straight, cut = tiny(tokenizer, residual="straight-through"), tiny(tokenizer, residual="none")
+    batch = batch_of(straight)
+    straight.model.eval(), cut.model.eval()
+    assert torch.allclose(straight.model(batch)["loss"], cut.model(batch)["loss"])
+    assert scorer_grad_norm(straight, batch) > 0
+
+
+def test_residual_is_added_to_every_cross_attention_logit(tokenizer):
+    encoder = tiny(tokenizer)
+    batch = batch_of(encoder)
+    model = encoder.model.eval()
+    seen = []
+    hooks = [
+        layer.crossattention.self.register_forward_hook(
+            lambda module, args, kwargs, output: seen.append(kwargs["attention_mask"]), with_kwargs=True
+        )
+        for layer in model.backbone.decoder.bert.encoder.layer
+    ]
+    out = model.encode_batch(batch["input_ids"], batch["attention_mask"])
+    model(batch)
+    for hook in hooks:
+        hook.remove()
+    assert len(seen) == len(model.backbone.decoder.bert.encoder.layer)
+    for mask in seen:
+        assert torch.equal(mask[:, 0, 0][out.slots], out.scores[out.slots])
+
+
+# --- frozen bottom, feedback -----------------------------------------------------------------------------
+
+
+def test_training_changes_upper_layers_but_never_the_frozen_bottom(tokenizer, tmp_path):
+    from docembed.training.loop import TrainConfig, train
+    from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    encoder = tiny(tokenizer)
+    model = encoder.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    examples = tokenize_examples(encoder, TEXTS * 2, None, 32)
+    recipe = NuggetRecipe(encoder, examples, "ae", noise=0.2, batch_size=3)
+    train(recipe, TrainConfig(output_dir=str(tmp_path / "run"), max_steps=2, lr=1e-2, device="cpu"))
+    after = model.state_dict()
+    frozen = [
+        "backbone.encoder.embeddings.",
+        "backbone.encoder.encoder.layer.0.",
+        "backbone.encoder.encoder.layer.1.",
+    ]
+    upper = "backbone.encoder.encoder.layer.2.attention.self.query.weight"
+    for key in before:
+        if key.startswith(tuple(frozen)):
+            assert torch.equal(before[key], after[key]), key
+    assert not torch.equal(before[upper], after[upper])
+    assert not torch.equal(before["scorer.0.weight"], after["scorer.0.weight"])
+    assert (tmp_path / "run" / "model.safetensors").exists()
+
+
+def capture_layer_io(encoder: NuggetEncoder, batch):
+    """(output of layer l-1, input of layer l) on one forward pass."""
+    layers = encoder.model.backbone.layers
+    scorer_layer = encoder.config.scorer_layer
+    got = {}
+    h1 = layers[scorer_layer - 1].register_forward_hook(
+        lambda m, a, o: got.__setitem__("below", o[0] if isinstance(o, tuple) else o)
+    )
+    h2 = layers[scorer_layer].register_forward_pre_hook(lambda m, a: got.__setitem__("above", a[0]))
+    out = encoder.model.eval().encode_batch(batch["input_ids"], batch["attention_mask"])
+    h1.remove(), h2.remove()
+    return got["below"], got["above"], out
+
+
+def test_feedback_adds_type_embeddings_before_the_upper_layers(tokenizer):
+    encoder = tiny(tokenizer)
+    batch = batch_of(encoder)
+    below, above, out = capture_layer_io(encoder, batch)
+    types = torch.zeros_like(batch["input_ids"])
+    for row in range(len(types)):
+        types[row, out.indices[row][out.slots[row]]] = 1
+    weights = encoder.model.type_embeddings.weight
+    assert torch.allclose(above - below, weights[types], atol=1e-6)
+    assert not torch.allclose(weights[0], weights[1])
+    plain = tiny(tokenizer, feedback=False)
+    below, above, _ = capture_layer_io(plain, batch)
+    assert torch.equal(above, below)
+
+
+# --- fp16 / bf16 safety ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_padded_nugget_slots_stay_masked_and_finite(dtype):
+    scores = torch.tensor([[-60000.0, 3.0, 2.0], [1.5, -2.0, 0.0]])
+    slots = torch.tensor([[True, True, True], [True, False, False]])
+    bias = cross_attention_bias(scores, slots, "raw", dtype, queries=2)
+    assert bias.shape == (2, 1, 2, 3) and bias.dtype == dtype
+    assert torch.isfinite(bias).all()
+    logits = torch.full((2, 1, 2, 3), -30.0, dtype=dtype) + bias
+    weights = torch.softmax(logits.float(), dim=-1)
+    assert torch.isfinite(weights).all()
+    assert torch.all(weights[1, :, :, 1:] == 0)
+    assert torch.allclose(weights[1, :, :, 0], torch.ones(1, 2))
+
+
+def test_bf16_forward_is_finite(tokenizer):
+    encoder = tiny(tokenizer)
+    batch = batch_of(encoder)
+    model = encoder.model.to(torch.bfloat16).eval()
+    assert torch.isfinite(model(batch)["loss"])
+
+
+# --- encoder interface, files, ablations, decoding ------------------------------------------------------
+
+
+def test_save_load_round_trip_through_the_registry(tokenizer, tmp_path):
+    from docembed.models.registry import load_model
+
+    encoder = tiny(tokenizer, seed=5)
+    first = encoder.encode(TEXTS)
+    encoder.save(tmp_path / "m")
+    loaded = load_model(str(tmp_path / "m"))
+    again = loaded.encode(TEXTS)
+    assert isinstance(loaded, NuggetEncoder) and loaded.multi_vector
+    assert np.allclose(first.vectors, again.vectors, atol=1e-5)
+    assert np.array_equal(first.positions, again.positions)
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["family"] == "nugget"
+
+
+def test_chunk_selector_takes_the_last_punctuation_of_each_chunk():
+    punctuation = torch.zeros(10, dtype=torch.bool)
+    punctuation[7] = True
+    ids = torch.tensor([[1, 7, 2, 7, 3, 4, 5, 6]])
+    indices, slots = select_chunks(ids, torch.ones_like(ids), 0.25, punctuation)
+    assert indices.tolist() == [[3, 7]]  # chunk [0, 4): last "7" at 3; chunk [4, 8): none, so its end
+
+
+def test_chunk_selector_model_encodes(tokenizer):
+    vectors = tiny(tokenizer, selector="chunk").encode(TEXTS)
+    assert len(vectors) == len(TEXTS)
+
+
+def test_greedy_beam_search_matches_decoding_without_cache(tokenizer):
+    from docembed.models.nugget import beam_search
+
+    encoder = tiny(tokenizer, seed=7)
+    model = encoder.model.eval()
+    batch = batch_of(encoder, TEXTS[:2])
+    with torch.no_grad():
+        out = model.encode_batch(batch["input_ids"], batch["attention_mask"])
+        searched = beam_search(model, out, beams=1, max_new_tokens=6)
+        backbone = model.backbone
+        for row in range(2):
+            one = type(out)(
+                out.nuggets[row : row + 1],
+                out.indices[row : row + 1],
+                out.slots[row : row + 1],
+                out.scores[row : row + 1],
+                None,
+            )
+            sequence = [backbone.start_id]
+            for _ in range(6):
+                ids = torch.tensor([sequence])
+                logits, _ = backbone.decode(ids, one.nuggets, model.cross_mask(one, len(sequence)))
+                token = int(logits[0, -1].argmax())
+                if token == backbone.end_id:
+                    break
+                sequence.append(token)
+            assert searched[row] == sequence[1:]
+
+
+def test_reconstruct_returns_one_text_per_input(tokenizer):
+    texts = tiny(tokenizer).reconstruct(TEXTS[:2], beams=3, max_length=16)
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+
+
+def test_bart_backbone_selects_and_learns_through_the_residual(tokenizer):
+    from transformers import BartConfig
+
+    torch.manual_seed(0)
+    bart = BartConfig(
+        vocab_size=30522,
+        d_model=32,
+        encoder_layers=3,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        pad_token_id=0,
+        bos_token_id=101,
+        eos_token_id=102,
+        decoder_start_token_id=102,
+        dropout=0.0,
+    )
+    config = NuggetConfig(
+        backbone="config",
+        kind="bart",
+        ratio=0.25,
+        scorer_layer=1,
+        encoder_config=bart.to_dict(),
+        max_length=64,
+    )
+    encoder = NuggetEncoder(config, tokenizer=tokenizer)
+    vectors = encoder.encode(TEXTS)
+    lengths = [len(ids) for ids in encoder.tokenize(TEXTS)]
+    assert vectors.counts.tolist() == [math.ceil(n / 4) for n in lengths]
+    assert scorer_grad_norm(encoder, batch_of(encoder)) > 0
+
+
+# --- BLEU -----------------------------------------------------------------------------------------------
+
+
+def test_corpus_bleu_by_hand():
+    reference = ["the", "cat", "sat", "on", "the", "mat"]
+    assert corpus_bleu([reference], [reference])["bleu"] == pytest.approx(100.0)
+    hypothesis = ["the", "cat", "sat", "on", "a", "mat"]
+    # clipped precisions: 1-grams 5/6, 2-grams 3/5, 3-grams 2/4, 4-grams 1/3; same length, so no penalty
+    result = corpus_bleu([hypothesis], [reference])
+    assert result["precisions"] == pytest.approx([500 / 6, 60.0, 50.0, 100 / 3])
+    assert result["bleu"] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
+    assert corpus_bleu([["x", "y"]], [reference])["bleu"] == 0.0  # no 4-gram match at all
+    # two sentences pooled: 1-grams 9/9, 2-grams 7/7, 3-grams 5/5, 4-grams 3/3; c=9 < r=11 -> BP e^(1-11/9)
+    hypotheses = [["a", "b", "c", "d", "e"], ["f", "g", "h", "i"]]
+    pooled = corpus_bleu(hypotheses, [[*hypotheses[0], "x"], [*hypotheses[1], "y"]])
+    assert pooled["bleu"] == pytest.approx(100 * math.exp(1 - 11 / 9))
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+
+
+def test_cli_train_nugget_then_encode_and_inspect(tokenizer, tmp_path):
+    from transformers import BertConfig, BertModel
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+
+    encoder_config, _ = bert_configs(layers=3)
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_dict(encoder_config)).save_pretrained(tmp_path / "tiny-bert")
+    tokenizer.save_pretrained(tmp_path / "tiny-bert")
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(t or "empty" for t in TEXTS * 3) + "\n")
+    runner = CliRunner()
+    result = runner.invoke(
+        app,
+        [
+            "-q",
+            "train-nugget",
+            str(corpus),
+            "-o",
+            str(tmp_path / "model"),
+            "--backbone",
+            str(tmp_path / "tiny-bert"),
+            "--kind",
+            "bert",
+            "--scorer-layer",
+            "1",
+            "--max-steps",
+            "2",
+            "--batch-size",
+            "4",
+            "--max-length",
+            "24",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "model" / "train_summary.json").exists()
+    result = runner.invoke(
+        app,
+        [
+            "-q",
+            "encode",
+            str(corpus),
+            "-m",
+            str(tmp_path / "model"),
+            "-o",
+            str(tmp_path / "out.jsonl"),
+            "--ratio",
+            "0.5",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert len(rows) == len(TEXTS) * 3 and all(len(r["positions"]) == len(r["vectors"]) for r in rows)
+    result = runner.invoke(
+        app,
+        [
+            "-q",
+            "inspect",
+            str(corpus),
+            "-m",
+            str(tmp_path / "model"),
+            "--show",
+            "1",
+            "--bleu",
+            "2",
+            "--bleu-max-length",
+            "12",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "chosen when seen" in result.output and '"bleu"' in result.output

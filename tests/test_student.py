@@ -1,0 +1,341 @@
+"""The long student: conversion (positions, windows, global projections), save/load, the distillation recipe
+(length weighting, teacher cache, bucketed batches, checkpointed Soft CCA state) and both CLI commands."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from docembed.cli import app
+from docembed.errors import UsageError
+from docembed.models.offline import minilm_path
+from docembed.models.registry import load_model
+from docembed.models.student import (
+    StudentConfig,
+    StudentEncoder,
+    convert_long,
+    convert_to_long,
+    tile_positions,
+)
+from docembed.training.distill_recipe import (
+    DistillRecipe,
+    DistillSettings,
+    TeacherCache,
+    depth_weights,
+    teacher_identity,
+)
+from docembed.training.loop import TrainConfig, train
+
+ORIGINAL = 16  # the tiny source model's positions
+
+
+@pytest.fixture(scope="module")
+def tiny_bert_dir(tmp_path_factory):
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=30522,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=ORIGINAL,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    model = BertModel(config)
+    directory = tmp_path_factory.mktemp("tiny_bert")
+    model.save_pretrained(directory)
+    AutoTokenizer.from_pretrained(str(minilm_path())).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tiny_bert_dir):
+    from transformers import BertModel
+
+    return BertModel.from_pretrained(tiny_bert_dir).eval()
+
+
+def test_tile_positions_bert_and_roberta_by_hand():
+    old = torch.arange(4, dtype=torch.float32).unsqueeze(1).repeat(1, 2)  # row i = (i, i)
+    # BERT: no source offset; pad 0 -> rows 1.. hold positions 0, 1, 2, 3, 0, 1, ...
+    bert = tile_positions(old, rows=8, pad=0, source_offset=0)
+    assert bert[:, 0].tolist() == [0, 0, 1, 2, 3, 0, 1, 2]
+    # RoBERTa: pad 1, positions start at row 2 of the source (usable rows 2, 3), kept rows 0..1.
+    roberta = tile_positions(old, rows=8, pad=1, source_offset=2)
+    assert roberta[:, 0].tolist() == [0, 1, 2, 3, 2, 3, 2, 3]
+
+
+def test_converted_model_matches_bert_within_original_length(tiny_bert):
+    # With a window wider than the input, sliding-window attention is full attention: the Longformer must
+    # reproduce BERT exactly, which holds only if position p of BERT lands on Longformer's position id.
+    long_model = convert_to_long(tiny_bert, None, max_length=64, attention_window=2 * ORIGINAL)
+    ids = torch.tensor(
+        [[101, 2023, 2003, 1037, 3231, 102, 0, 0], [101, 7592, 2088, 999, 2307, 2154, 2000, 102]]
+    )
+    mask = (ids != 0).long()
+    mask[1] = 1
+    expected = tiny_bert(input_ids=ids, attention_mask=mask).last_hidden_state
+    got = long_model(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    assert torch.allclose(got[real], expected[real], atol=1e-5)
+
+
+def test_converted_model_global_projections_copied(tiny_bert):
+    long_model = convert_to_long(tiny_bert, None, max_length=64, attention_window=8)
+    layer = long_model.encoder.layer[1].attention.self
+    source = tiny_bert.encoder.layer[1].attention.self
+    for name in ("query", "key", "value"):
+        assert torch.equal(getattr(layer, f"{name}_global").weight, getattr(source, name).weight)
+        assert torch.equal(getattr(layer, name).bias, getattr(source, name).bias)
+    assert long_model.config.attention_window == [8, 8]
+
+
+def test_positions_beyond_original_length_are_finite_and_distinct(tiny_bert):
+    long_model = convert_to_long(tiny_bert, None, max_length=64, attention_window=8)
+    torch.manual_seed(1)
+    shared = torch.randint(1000, 2000, (1, 20))
+    tail_a, tail_b = torch.randint(2000, 3000, (1, 30)), torch.randint(3000, 4000, (1, 30))
+    a = torch.cat([torch.tensor([[101]]), shared, tail_a, torch.tensor([[102]])], 1)  # 52 tokens > 16
+    b = torch.cat([torch.tensor([[101]]), shared, tail_b, torch.tensor([[102]])], 1)
+    out_a = long_model(input_ids=a, attention_mask=torch.ones_like(a)).last_hidden_state
+    out_b = long_model(input_ids=b, attention_mask=torch.ones_like(b)).last_hidden_state
+    assert out_a.shape == (1, 52, 32) and torch.isfinite(out_a).all() and torch.isfinite(out_b).all()
+    # Documents differing only beyond the source's 16 positions get different pooled vectors ...
+    assert not torch.allclose(out_a.mean(1), out_b.mean(1), atol=1e-4)
+    # ... and a position past 16 is not a copy of another token's vector.
+    assert not torch.allclose(out_a[0, 40], out_a[0, 41], atol=1e-4)
+    with pytest.raises(UsageError):
+        convert_to_long(tiny_bert, None, max_length=64, attention_window=7)
+
+
+def test_convert_save_load_encode(tiny_bert_dir, tmp_path):
+    student = convert_long(str(tiny_bert_dir), max_length=48, attention_window=8)
+    texts = ["a short one", "word " * 200, ""]
+    before = student.encode(texts)
+    assert before.shape == (3, 32) and np.isfinite(before).all()
+    assert np.allclose(np.linalg.norm(before, axis=1), 1.0, atol=1e-5)
+    assert len(student.tokenize(["word " * 200])[0]) == 48
+    student.save(tmp_path / "student")
+    loaded = load_model(str(tmp_path / "student"))
+    assert isinstance(loaded, StudentEncoder) and loaded.config.max_length == 48
+    assert np.allclose(loaded.encode(texts), before, atol=1e-5)
+
+
+class _FakeTokenizer:
+    def __call__(self, texts, truncation=False):
+        return {"input_ids": [[0] + t.split() + [0] for t in texts]}
+
+
+class _FakeTeacher:
+    """Vectors from word counts; counts its encode calls."""
+
+    tokenizer = _FakeTokenizer()
+    max_seq_length = 5
+    source = None
+    name = "fake"
+
+    def __init__(self):
+        self.calls = []
+
+    def encode(self, texts, batch_size=16):
+        self.calls.append(list(texts))
+        return np.array([[len(t.split()), 1.0, 0.5] for t in texts], dtype=np.float32)
+
+    def metadata(self):
+        return {"model": "fake", "family": "fake", "config_hash": "x", "normalized": False}
+
+
+def test_depth_weights_follow_teacher_length():
+    # max 5 teacher tokens incl. 2 special tokens: 3 words are read whole, 4 are not.
+    weights = depth_weights(_FakeTeacher(), ["a b c", "a b c d", "a"], weight=0.5)
+    assert weights.tolist() == [0.5, 0.0, 0.5]
+
+
+def test_teacher_cache_computes_once(tmp_path):
+    teacher = _FakeTeacher()
+    cache = TeacherCache(tmp_path)
+    first = cache.vectors(teacher, ["a b", "c", "a b"])
+    assert teacher.calls == [["a b", "c"]]  # duplicates encoded once
+    second = cache.vectors(teacher, ["c", "d e f", "a b"])
+    assert teacher.calls[1] == ["d e f"]  # only the new document
+    assert second[:, 0].tolist() == [1.0, 3.0, 2.0] and first[:, 0].tolist() == [2.0, 1.0, 2.0]
+    assert cache.vectors(teacher, ["c"])[0, 0] == 1.0 and len(teacher.calls) == 2
+    assert len(list(tmp_path.rglob("*.pkl"))) == 0 and len(list(tmp_path.rglob("vectors.npy"))) == 1
+    assert teacher_identity(teacher) == teacher_identity(_FakeTeacher())
+
+
+def _tiny_student(tiny_bert_dir):
+    return convert_long(str(tiny_bert_dir), max_length=40, attention_window=8)
+
+
+def test_length_weighting_in_the_module(tiny_bert_dir):
+    student = _tiny_student(tiny_bert_dir)
+    texts = ["one two three", "four five six seven eight nine ten eleven"]
+    rng = np.random.default_rng(0)
+    sbert = rng.normal(size=(2, 32)).astype(np.float32)
+    recipe = DistillRecipe(
+        student,
+        texts,
+        DistillSettings(batch_size=2),
+        sbert_vectors=sbert,
+        sbert_weights=np.array([1.0, 0.0], dtype=np.float32),
+    )
+    recipe.module.eval()
+    batch = recipe.collate([0, 1])
+    with torch.no_grad():
+        terms = recipe.module(batch)
+        pooled = student.forward(batch["input_ids"], batch["attention_mask"])
+    cos0 = torch.nn.functional.cosine_similarity(pooled[0], torch.from_numpy(sbert[0]), dim=0)
+    assert float(terms["depth"]) == pytest.approx(float(1 - cos0) / 2, rel=1e-4)  # 2nd input weighs 0
+    assert float(terms["loss"]) == pytest.approx(float(terms["depth"]), rel=1e-6)
+    assert float(terms["depth_share"]) == 0.5
+
+
+def test_bucketed_batches_are_deterministic_and_length_sorted(tiny_bert_dir):
+    student = _tiny_student(tiny_bert_dir)
+    texts = [" ".join(["w"] * n) for n in range(1, 33)]
+    pv = np.random.default_rng(0).normal(size=(32, 6)).astype(np.float32)
+    recipe = DistillRecipe(student, texts, DistillSettings(batch_size=4, bucket_batches=8), pv_vectors=pv)
+    order = recipe._order(0)
+    assert order == recipe._order(0) and order != recipe._order(1)
+    assert sorted(i for b in order for i in b) == list(range(32))
+    for rows in order:  # one pool of 32: each batch holds 4 consecutive lengths
+        lengths = sorted(len(recipe.token_ids[i]) for i in rows)
+        assert lengths[-1] - lengths[0] == 3
+
+
+def test_training_runs_and_checkpoints_soft_cca_state(tiny_bert_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    student = _tiny_student(tiny_bert_dir)
+    texts = [f"document {i} " + "text " * (i % 7) for i in range(12)]
+    rng = np.random.default_rng(0)
+    recipe = DistillRecipe(
+        student,
+        texts,
+        DistillSettings(batch_size=4, gradient_checkpointing=True),
+        sbert_vectors=rng.normal(size=(12, 32)).astype(np.float32),
+        sbert_weights=np.ones(12, dtype=np.float32),
+        pv_vectors=rng.normal(size=(12, 5)).astype(np.float32),
+    )
+    summary = train(
+        recipe, TrainConfig(output_dir=str(tmp_path), epochs=1, lr=1e-3, log_every=1, device="cpu")
+    )
+    assert summary["steps"] == 3
+    state = load_file(str(tmp_path / "checkpoint" / "model.safetensors"))
+    assert float(state["breadth.count"]) > 0 and state["breadth.phi_student"].shape == (5, 5)
+    logged = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert {"loss", "depth", "breadth", "cca_l2", "cca_decorrelation"} <= set(logged[0])
+    assert isinstance(load_model(str(tmp_path)), StudentEncoder)
+
+
+@pytest.fixture(scope="module")
+def tiny_sbert_dir(tiny_bert_dir, tmp_path_factory):
+    """A docembed sbert model over the tiny BERT (mean pooling, 16 tokens): a fast depth teacher."""
+    from sentence_transformers import SentenceTransformer, models
+
+    from docembed.models.sbert import ST_SUBDIR, SBertConfig, SBertEncoder
+
+    directory = tmp_path_factory.mktemp("tiny_sbert")
+    word = models.Transformer(str(tiny_bert_dir), max_seq_length=ORIGINAL)
+    SentenceTransformer(modules=[word, models.Pooling(32)]).save(str(directory / ST_SUBDIR))
+    SBertEncoder(SBertConfig(model_name_or_path=str(directory / ST_SUBDIR))).save(directory)
+    return directory
+
+
+def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_path):
+    runner = CliRunner()
+    student_dir = tmp_path / "student"
+    result = runner.invoke(
+        app,
+        [
+            "-q",
+            "convert-long",
+            str(tiny_bert_dir),
+            "-o",
+            str(student_dir),
+            "--max-length",
+            "64",
+            "--attention-window",
+            "8",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((student_dir / "config.json").read_text())["family"] == "student"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(
+        "\n".join(f"the review number {i} says the film is {'good' if i % 2 else 'bad'}" for i in range(10))
+        + "\n"
+    )
+    out = tmp_path / "trained"
+    result = runner.invoke(
+        app,
+        [
+            "-q",
+            "train-distill",
+            str(corpus),
+            "-o",
+            str(out),
+            "--student",
+            str(student_dir),
+            "--teacher",
+            "sbert",
+            "--sbert-model",
+            str(tiny_sbert_dir),
+            "--batch-size",
+            "4",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors").exists() and (out / "train_summary.json").exists()
+    assert load_model(str(out)).encode(["a film"]).shape == (1, 32)
+    bad = runner.invoke(app, ["train-distill", str(corpus), "-o", str(tmp_path / "x"), "--teacher", "bert"])
+    assert bad.exit_code != 0
+
+
+def test_student_without_longformer_config_is_a_usage_error():
+    with pytest.raises(UsageError):
+        StudentEncoder(StudentConfig())
+
+
+def test_unsupported_source_is_refused(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    with pytest.raises(UsageError):
+        convert_to_long(GPT2Model(GPT2Config(n_layer=1, n_embd=8, n_head=2)), None, 32, 8)
+
+
+def test_depth_head_when_teacher_is_wider(tiny_bert_dir):
+    student = _tiny_student(tiny_bert_dir)
+    recipe = DistillRecipe(
+        student,
+        ["a b", "c d e"],
+        DistillSettings(batch_size=2),
+        sbert_vectors=np.ones((2, 48), dtype=np.float32),
+    )
+    assert recipe.module.depth_head is not None and recipe.module.depth_head.out_features == 48
+    assert torch.isfinite(recipe.module(recipe.collate([0, 1]))["loss"])
+
+
+def test_resume_keeps_the_running_covariance(tiny_bert_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    texts = [f"document {i} " + "text " * (i % 5) for i in range(12)]
+    pv = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
+
+    def run(**kwargs):
+        recipe = DistillRecipe(_tiny_student(tiny_bert_dir), texts, DistillSettings(batch_size=4), pv_vectors=pv)
+        train(recipe, TrainConfig(output_dir=str(tmp_path), lr=1e-3, device="cpu", **kwargs))
+        return load_file(str(tmp_path / "checkpoint" / "model.safetensors"))
+
+    first = run(max_steps=2)
+    assert float(first["breadth.count"]) == pytest.approx(1.95)  # c = 0.95 * 1 + 1 after two batches
+    second = run(resume=True)  # one batch left in the epoch
+    assert float(second["breadth.count"]) == pytest.approx(0.95 * 1.95 + 1)
