@@ -7,10 +7,12 @@ the plain encoder, and the training run's tokens/s.
 
 Training data of the measured model: paraphrase pairs of the PI *train* split (task source -> gold
 candidate, and the reverse), written by `--make-pairs`; see models/nugget.py for the training command.
-PI is scored by the evaluation harness (shuffled candidates, pessimistic ties). Every document is cut to
-`--max-length` tokens (256 by default, the limit sbert-tokens has) so the multi-vector models see the same
-text. Quick mode (the default) decodes 16 held-out documents for BLEU and times 64 documents; --full decodes
-64 and also runs the rule-based chunk selector and the untrained (warm-start) model at r = 0.1.
+PI is scored by the evaluation harness (shuffled candidates, pessimistic ties). The transformer models
+(sbert, sbert-tokens, NUGGET) cut every document to the same `--max-length` tokens; tfidf sees whole
+documents. Quick mode (the default, sized for a shared 2-core CPU): a seeded subset of 256 of the 1,024
+dev queries (the harness's `limit`), 128 tokens, BLEU on 8 held-out documents, timing on 32. --full: all
+queries, 256 tokens, BLEU on 64 documents, plus the rule-based chunk selector and the untrained
+(warm-start) model at r = 0.1.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 RATIOS = (0.05, 0.1, 0.25)
+QUICK_QUERIES = 256  # quick mode: a seeded subset of the 1,024 PI dev queries (the harness's --limit)
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "runs" / "nugget-minilm"
 
 
@@ -46,16 +49,17 @@ def write_pi_pairs(path: Path, split: str = "train") -> int:
     return written
 
 
-def _pi(model, label: str, results: dict, max_length: int | None = None) -> None:
+def _pi(model, label: str, results: dict, limit: int | None, max_length: int | None = None) -> None:
     from docembed.evaluation import EvalOptions, get_evaluator
     from docembed.evaluation.base import cached_encode
 
     started = time.perf_counter()
-    evaluator = get_evaluator("paraphrase-identification", EvalOptions())
+    evaluator = get_evaluator("paraphrase-identification", EvalOptions(limit=limit))
     result = evaluator.run(model)
     row = {
         "mrr": round(result.score, 2),
         "top1": round(result.metrics["top1"], 2),
+        "queries": result.metrics["queries"],
         "seconds": round(time.perf_counter() - started, 1),
     }
     if getattr(model, "multi_vector", False):
@@ -71,29 +75,58 @@ def _pi(model, label: str, results: dict, max_length: int | None = None) -> None
 
 
 def _pi_texts(evaluator) -> list[str]:
-    """The documents the PI harness embeds, in its order (every id its queries use, sorted)."""
+    """The documents the PI harness embeds, in its order (every id its chosen queries use, sorted)."""
+    from docembed.evaluation.tasks import _subset
+
     docs, queries = evaluator._load()
-    return [docs[i] for i in sorted({i for q in queries for i in [q["source"], *q["candidates"]]})]
+    chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
+    return [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
 
 
-def main(out_dir: Path, full: bool = False, model_dir: Path = DEFAULT_MODEL, max_length: int = 256) -> dict:
-    import numpy as np
+def pi_model(spec: str, max_length: int, model_dir: Path = DEFAULT_MODEL):
+    """The models compared on PI; the transformer ones cut every document to `max_length` tokens."""
+    from docembed.evaluation import load_evaluation_model
+    from docembed.models.registry import load_model
+    from docembed.models.sbert import SBertConfig, SBertEncoder
+
+    if spec in ("sbert", "sbert-tokens"):
+        output = "tokens" if spec == "sbert-tokens" else "mean"
+        return SBertEncoder(SBertConfig(output=output, max_seq_length=max_length), name=spec)
+    if spec.startswith("nugget"):
+        nugget = load_model(str(model_dir))
+        nugget.config.max_length = max_length
+        return nugget
+    return load_evaluation_model(spec)
+
+
+def main(
+    out_dir: Path,
+    full: bool = False,
+    model_dir: Path = DEFAULT_MODEL,
+    max_length: int | None = None,
+    limit: int | None = None,
+) -> dict:
     import torch
 
     from docembed import datasets
-    from docembed.evaluation import load_evaluation_model
     from docembed.models.nugget import (
         NuggetConfig,
         NuggetEncoder,
         nugget_token_statistics,
         reconstruction_bleu,
     )
-    from docembed.models.registry import load_model
 
+    max_length = max_length or (256 if full else 128)
+    limit = limit if limit is not None else (None if full else QUICK_QUERIES)
     out_dir.mkdir(parents=True, exist_ok=True)
     if not (model_dir / "config.json").exists():
         raise SystemExit(f"no trained NUGGET model at {model_dir}: train one first (see models/nugget.py)")
-    results: dict = {"model": str(model_dir), "pi_dev": {}, "threads": torch.get_num_threads()}
+    results: dict = {
+        "model": str(model_dir),
+        "pi_dev": {},
+        "pi_setup": {"queries": limit or "all", "max_length": max_length, "candidates": 20},
+        "threads": torch.get_num_threads(),
+    }
     summary_path = model_dir / "train_summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
@@ -102,12 +135,11 @@ def main(out_dir: Path, full: bool = False, model_dir: Path = DEFAULT_MODEL, max
 
     # --- PI: baselines and NUGGET at each ratio ------------------------------------------------------
     for spec in ("tfidf", "sbert", "sbert-tokens"):
-        _pi(load_evaluation_model(spec), spec, results)
-    nugget = load_model(str(model_dir))
-    nugget.config.max_length = max_length
+        _pi(pi_model(spec, max_length), spec, results, limit, None if spec == "tfidf" else max_length)
+    nugget = pi_model("nugget", max_length, model_dir)
     for ratio in RATIOS:
         nugget.set_ratio(ratio)
-        _pi(nugget, f"nugget r={ratio}", results, max_length)
+        _pi(nugget, f"nugget r={ratio}", results, limit, max_length)
     if full:
         for label, options in (("nugget-chunk r=0.1", {"selector": "chunk"}), ("nugget-untrained r=0.1", {})):
             config = NuggetConfig(
@@ -116,7 +148,7 @@ def main(out_dir: Path, full: bool = False, model_dir: Path = DEFAULT_MODEL, max
             model = NuggetEncoder(config, name=label)
             if options:  # the chunk ablation keeps the trained weights; only the selector differs
                 model.model.load_state_dict(nugget.model.state_dict())
-            _pi(model, label, results, max_length)
+            _pi(model, label, results, limit, max_length)
     _write(out_dir, {k: v for k, v in results.items() if k != "_vectors"})
 
     # --- token statistics and reconstruction on held-out (dev) documents ------------------------------
@@ -137,7 +169,7 @@ def main(out_dir: Path, full: bool = False, model_dir: Path = DEFAULT_MODEL, max
         "most_frequent": [_rounded(row) for row in stats["frequent"][:10]],
     }
     _write(out_dir, results)
-    bleu_docs = dev_texts[-(64 if full else 16) :]
+    bleu_docs = dev_texts[-(64 if full else 8) :]
     results["reconstruction_bleu"] = {"documents": len(bleu_docs), "max_length": 128, "beams": 5}
     for ratio in RATIOS:
         nugget.set_ratio(ratio)
@@ -154,7 +186,7 @@ def main(out_dir: Path, full: bool = False, model_dir: Path = DEFAULT_MODEL, max
 
     # --- encode throughput vs the plain encoder's forward pass -----------------------------------------
     nugget.set_ratio(0.1)
-    timing_texts = dev_texts[: 64 if not full else 256]
+    timing_texts = dev_texts[: 32 if not full else 256]
     ids = nugget.tokenize(timing_texts)
     tokens = sum(len(i) for i in ids)
     encoder_only = nugget.model.backbone.encoder
@@ -178,7 +210,6 @@ def main(out_dir: Path, full: bool = False, model_dir: Path = DEFAULT_MODEL, max
     results["encode_throughput"] = {"documents": len(timing_texts), "tokens": tokens, **timings}
     results["note"] = "CPU shared with other jobs: throughput figures are noisy; ratios are from the same run"
     _write(out_dir, results)
-    np.set_printoptions(precision=3)
     return results
 
 
@@ -200,7 +231,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/nugget"))
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--max-length", type=int, help="Tokens per document (default 128 quick, 256 full).")
+    parser.add_argument("--limit", type=int, help="PI queries (default 256 quick, all with --full).")
     parser.add_argument("--full", action="store_true")
     parser.add_argument(
         "--make-pairs", type=Path, help="Only write the PI train paraphrase pairs to this file."
@@ -209,4 +241,4 @@ if __name__ == "__main__":
     if args.make_pairs:
         print(f"{write_pi_pairs(args.make_pairs)} pairs -> {args.make_pairs}", file=sys.stderr)
     else:
-        print(json.dumps(main(args.out, args.full, args.model, args.max_length), indent=2))
+        print(json.dumps(main(args.out, args.full, args.model, args.max_length, args.limit), indent=2))

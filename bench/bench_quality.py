@@ -8,7 +8,8 @@ Subsets (default run; `full=True` runs the full sets, SentEval with 10 outer / 1
 - 20 Newsgroups retrieval: 2,000 test documents, stratified.
 All subsets are drawn with seed 1111. Models: tfidf (fitted per task), bm25 (PI only: it is a scorer),
 glove-avg, sbert, sbert-tokens (PI and STS: all-pairs MaxSim over 2,000 long documents is too slow on a
-CPU), and pv (PV-DBOW trained per task on that task's training text; see PV_SETTINGS).
+CPU), and pv (PV-DBOW trained per task on that task's training text; see PV_SETTINGS; the trained models
+are kept under $DOCEMBED_HOME/cache/bench-pv/, keyed by the hash of their training text).
 
 A failing cell is recorded as {"error": ...} and the run goes on.
 
@@ -70,7 +71,8 @@ def _pv_for(evaluator, work_dir: pathlib.Path):
     from docembed.models.registry import load_model
 
     texts = evaluator.fit_texts()
-    directory = work_dir / f"pv-{evaluator.name}-{texts_hash(texts)}"
+    # keyed by the training text only: tasks that train on the same text (20NG and its retrieval) share one
+    directory = work_dir / f"pv-{texts_hash(texts)}"
     if not (directory / "config.json").exists():
         model, _ = train_paragraph_vectors(texts, PVConfig(**PV_SETTINGS))
         model.save(directory)
@@ -83,6 +85,7 @@ def main(
     out_dir: pathlib.Path, full: bool = False, models: list[str] | None = None, tasks: list[str] | None = None
 ) -> dict:
     from docembed.evaluation import TASKS, EvalOptions, load_evaluation_model, resolve_tasks
+    from docembed.models.registry import models_home
     from docembed.runtime import log
 
     out_dir = pathlib.Path(out_dir)
@@ -108,7 +111,7 @@ def main(
             started = time.perf_counter()
             try:
                 if model_name == "pv":
-                    model, note = _pv_for(evaluator, out_dir / "pv-models")
+                    model, note = _pv_for(evaluator, models_home() / "cache" / "bench-pv")
                 else:
                     loaded = loaded or load_evaluation_model(model_name)
                     model, note = loaded, None
@@ -129,6 +132,7 @@ def main(
             (out_dir / "bench_quality.partial.json").write_text(json.dumps(result, indent=2) + "\n")
     result["load_after"] = os.getloadavg()
     (out_dir / "bench_quality.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out_dir / "bench_quality.partial.json").unlink(missing_ok=True)  # progress file of an unfinished run
     return result
 
 

@@ -46,8 +46,36 @@ REFERENCE = {
 }
 
 
+# The C grid of the skip-thoughts evaluation code that the QuickThoughts reference (lajanugen/S2V,
+# src/evaluate.py -> eval_classification.eval_nested_kfold) reports its SentEval numbers with.
+REFERENCE_GRID = tuple(2.0**t for t in range(0, 9))
+
+
+def cv_accuracy_with_grid(features, labels, outer_folds, inner_folds, grid, seed=1111) -> dict:
+    """The harness protocol (stratified outer folds, C by inner CV) with another C grid."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from docembed.evaluation.probes import choose_c, stratified_folds
+
+    labels = np.asarray(labels)
+    accuracies, chosen = [], []
+    for train, test in stratified_folds(labels, outer_folds, seed):
+        c = choose_c(features[train], labels[train], grid, inner_folds, seed)
+        probe = LogisticRegression(C=c, max_iter=2000, random_state=seed).fit(features[train], labels[train])
+        accuracies.append(probe.score(features[test], labels[test]))
+        chosen.append(c)
+    return {"accuracy": float(np.mean(accuracies)), "accuracy_std": float(np.std(accuracies)), "c": chosen}
+
+
 def evaluate_model(
-    spec: str, inner_folds: int, limit: int | None = None, outer_folds: int = 10, checkpoint=None
+    spec: str,
+    inner_folds: int,
+    limit: int | None = None,
+    outer_folds: int = 10,
+    checkpoint=None,
+    tasks: tuple[str, ...] = SENTEVAL + STS,
+    grid: str = "senteval",
 ) -> dict:
     """Every task's primary score for one model, plus timings and (for trained models) the training run."""
     from docembed.evaluation import EvalOptions, get_evaluator, load_evaluation_model
@@ -56,19 +84,22 @@ def evaluate_model(
     model = load_evaluation_model(spec)
     options = EvalOptions(limit=limit, seed=1111, batch_size=128, cache=False)
     entry: dict = {"model": spec, "family": model.family, "dim": int(model.dim), "scores": {}, "details": {}}
-    entry["protocol"] = {"outer_folds": outer_folds, "inner_folds": inner_folds, "limit": limit}
-    for name in STS:
+    entry["protocol"] = {"outer_folds": outer_folds, "inner_folds": inner_folds, "limit": limit, "grid": grid}
+    for name in (t for t in STS if t in tasks):
         result = get_evaluator(name, options).run(model)
         entry["scores"][name] = round(result.score, 2)
         entry["details"][name] = {"pairs": result.metrics["pairs"], "seconds": result.seconds}
         print(f"{spec} {name}: {entry['scores'][name]}", file=sys.stderr, flush=True)
-    for name in SENTEVAL:
+    for name in (t for t in SENTEVAL if t in tasks):
         task = get_evaluator(name, options)
         started = time.perf_counter()
         texts, labels = task._load()
         features = task.embed_for_probe(model, texts)
         embed_seconds = time.perf_counter() - started
-        result = senteval_cv_accuracy(features, labels, outer_folds, inner_folds, seed=1111)
+        if grid == "reference":
+            result = cv_accuracy_with_grid(features, labels, outer_folds, inner_folds, REFERENCE_GRID)
+        else:
+            result = senteval_cv_accuracy(features, labels, outer_folds, inner_folds, seed=1111)
         entry["scores"][name] = round(100.0 * result["accuracy"], 2)
         entry["details"][name] = {
             "accuracy_std": round(100.0 * result["accuracy_std"], 2),
@@ -99,21 +130,24 @@ def _file_for(spec: str) -> str:
 
 
 def merge(out_dir: pathlib.Path) -> dict:
-    """Combine the per-model files into one table with QuickThoughts - GloVe differences."""
+    """Combine the per-model files into one table with QuickThoughts - GloVe differences (each model against
+    the glove-avg entry measured with the same probe grid)."""
     entries = [json.loads(p.read_text()) for p in sorted(out_dir.glob("model__*.json"))]
     result: dict = {"models": entries, "reference": REFERENCE}
-    glove = next((e for e in entries if e["model"] == "glove-avg"), None)
-    if glove:
-        for entry in entries:
-            if entry is glove:
-                continue
-            delta = {
-                k: round(v - glove["scores"][k], 2)
-                for k, v in entry["scores"].items()
-                if k in glove["scores"]
-            }
-            entry["minus_glove_avg"] = delta
-            entry["senteval_wins_over_glove_avg"] = sum(delta.get(k, 0) > 0 for k in SENTEVAL)
+
+    def grid_of(entry):
+        return entry.get("protocol", {}).get("grid", "senteval")
+
+    gloves = {grid_of(e): e for e in entries if e["model"] == "glove-avg"}
+    for entry in entries:
+        glove = gloves.get(grid_of(entry))
+        if glove is None or entry is glove:
+            continue
+        delta = {
+            k: round(v - glove["scores"][k], 2) for k, v in entry["scores"].items() if k in glove["scores"]
+        }
+        entry["minus_glove_avg"] = delta
+        entry["senteval_wins_over_glove_avg"] = sum(delta.get(k, 0) > 0 for k in SENTEVAL)
     (out_dir / "bench_quickthoughts.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -125,6 +159,8 @@ def main(
     limit: int | None = None,
     outer_folds: int = 10,
     inner_folds: int | None = None,
+    tasks: tuple[str, ...] = SENTEVAL + STS,
+    grid: str = "senteval",
 ) -> dict:
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -135,12 +171,12 @@ def main(
     )
     for spec in specs:
         started = time.perf_counter()
-        path = out_dir / _file_for(spec)
+        path = out_dir / _file_for(spec if grid == "senteval" else f"{spec}__grid-{grid}")
 
         def save(entry, path=path):
             path.write_text(json.dumps(entry, indent=2) + "\n")
 
-        entry = evaluate_model(spec, inner, limit, outer_folds, checkpoint=save)
+        entry = evaluate_model(spec, inner, limit, outer_folds, checkpoint=save, tasks=tasks, grid=grid)
         entry["eval_seconds"] = round(time.perf_counter() - started, 1)
         entry["load_average"] = os.getloadavg()
         save(entry)
@@ -156,6 +192,13 @@ if __name__ == "__main__":
     )
     parser.add_argument("--outer-folds", type=int, default=10)
     parser.add_argument("--inner-folds", type=int, default=None, help="default 3 (10 with --full)")
+    parser.add_argument("--tasks", default=",".join(SENTEVAL + STS), help="comma-separated subset")
+    parser.add_argument(
+        "--grid",
+        choices=("senteval", "reference"),
+        default="senteval",
+        help="probe C grid: SentEval's 2^-2..2^3 (the harness) or the QuickThoughts reference's 2^0..2^8",
+    )
     parser.add_argument("--limit", type=int, default=None, help="examples per task (default: all)")
     parser.add_argument("--merge", action="store_true", help="only merge the per-model files in --out")
     args = parser.parse_args()
@@ -165,5 +208,17 @@ if __name__ == "__main__":
     else:
         models = tuple(args.model) if args.model else None
         print(
-            json.dumps(main(out, args.full, models, args.limit, args.outer_folds, args.inner_folds), indent=2)
+            json.dumps(
+                main(
+                    out,
+                    args.full,
+                    models,
+                    args.limit,
+                    args.outer_folds,
+                    args.inner_folds,
+                    tuple(args.tasks.split(",")),
+                    args.grid,
+                ),
+                indent=2,
+            )
         )

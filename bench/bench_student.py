@@ -9,7 +9,8 @@ newsgroup). The models are read from RUNS (see `prepare` and the report for the 
 
 Throughput: documents cut to exactly N student tokens (N = 512 .. 4096) encoded by the student, against the
 SBERT teacher encoding the same text as consecutive 256-token chunks whose vectors are averaged; peak memory
-is the growth of the process' peak RSS while encoding, measured in a fresh subprocess per point.
+is the process' peak RSS while encoding (Linux VmHWM, reset once the weights are loaded) minus its RSS
+before, measured in a fresh subprocess per point.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_student.py --full   # writes bench/results/student.json
 """
@@ -189,7 +190,8 @@ def quality(out_dir: Path, full: bool, only: list[str] | None = None) -> dict:
     from docembed.evaluation.probes import train_test_predictions
 
     paths = prepare(DATA if full else out_dir / "student-data-small", full)
-    cache = out_dir / ("student-embeddings" if full else "student-embeddings-small")
+    # Embedding caches are run-time data: under runs/ (git-ignored), not beside the results.
+    cache = RUNS / "student-embeddings" if full else out_dir / "student-embeddings-small"
     results: dict[str, dict] = {}
     for name, spec in model_specs().items():
         if only and name not in only:
@@ -231,7 +233,7 @@ def quality(out_dir: Path, full: bool, only: list[str] | None = None) -> dict:
 
 # --- throughput ---------------------------------------------------------------------------------------
 _PROBE = r"""
-import json, resource, sys, time, torch
+import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[4]))
 sys.path.insert(0, sys.argv[5])
 from bench_student import ChunkedSBert
@@ -241,13 +243,18 @@ if kind == "student":
     model = load_model(sys.argv[6]); model.config.max_length = length
 else:
     model = ChunkedSBert(length)
-model.encode(docs[:1], batch_size=1)  # warm-up
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field):
+            return int(line.split()[1]) / 1024
+open("/proc/self/clear_refs", "w").write("5")  # reset the peak RSS (VmHWM) to the current RSS
+before = status("VmRSS:")  # weights loaded, nothing encoded yet
+model.encode(docs[:1], batch_size=1)  # warm-up (its activations count towards the peak)
 started = time.perf_counter()
 model.encode(docs, batch_size=1)
 seconds = time.perf_counter() - started
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"seconds": seconds, "peak_growth_mb": (peak - before) / 1024, "peak_rss_mb": peak / 1024}))
+peak = status("VmHWM:")
+print(json.dumps({"seconds": seconds, "peak_growth_mb": peak - before, "peak_rss_mb": peak}))
 """
 
 
@@ -259,7 +266,7 @@ def throughput(out_dir: Path, full: bool, student_dir: Path) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
     lengths = (512, 1024, 2048, 4096) if full else (512, 1024)
-    count = 4 if full else 1
+    count = 2 if full else 1
     # Long inputs: 20NG training posts joined until each reaches the longest length asked for.
     pool = [t for t in iter_texts("20newsgroups/train", limit=3000) if len(t) > 2000]
     docs, current = [], ""
@@ -296,6 +303,7 @@ def throughput(out_dir: Path, full: bool, student_dir: Path) -> dict:
                 "docs_per_s": round(count / measured["seconds"], 3),
                 "tokens_per_s": round(count * length / measured["seconds"], 1),
                 "peak_growth_mb": round(measured["peak_growth_mb"], 1),
+                "peak_rss_mb": round(measured["peak_rss_mb"], 1),
             }
             print(kind, length, results[f"{kind}@{length}"], file=sys.stderr, flush=True)
         doc_file.unlink()

@@ -28,7 +28,9 @@ DOCEMBED = [str(Path(sys.executable).with_name("docembed"))]
 
 def run(*args: str, capture: bool = False) -> str:
     print(f"$ docembed {' '.join(args)}", file=sys.stderr, flush=True)
-    result = subprocess.run(DOCEMBED + list(args), check=True, text=True, stdout=subprocess.PIPE if capture else None)
+    result = subprocess.run(
+        DOCEMBED + list(args), check=True, text=True, stdout=subprocess.PIPE if capture else None
+    )
     return result.stdout if capture else ""
 
 
@@ -36,10 +38,13 @@ def build_corpus() -> tuple[Path, Path, Path]:
     from pydoc_data.topics import topics
 
     rng = random.Random(0)
-    paragraphs = []
+    paragraphs, seen = [], set()
     for topic, text in sorted(topics.items()):
         for i, para in enumerate(p for p in text.split("\n\n") if len(p.split()) > 20):
-            paragraphs.append((f"{topic}/{i}", " ".join(para.split())))
+            para = " ".join(para.split())
+            if para not in seen:  # several topics repeat the same paragraph
+                seen.add(para)
+                paragraphs.append((f"{topic}/{i}", para))
     corpus = OUT / "corpus.jsonl"
     with open(corpus, "w", encoding="utf-8") as handle:
         for doc_id, text in paragraphs:
@@ -59,8 +64,12 @@ def build_corpus() -> tuple[Path, Path, Path]:
             others = rng.sample([i for i, _ in paragraphs if i != doc_id], 9)
             candidates = [f"d:{doc_id}"] + [f"p:{o}" for o in others]
             rng.shuffle(candidates)
-            rows.write(json.dumps({"source": f"q:{doc_id}", "candidates": candidates, "gold": f"d:{doc_id}"}) + "\n")
-    print(f"corpus: {len(paragraphs)} paragraphs of the Python language reference -> {corpus}", file=sys.stderr)
+            rows.write(
+                json.dumps({"source": f"q:{doc_id}", "candidates": candidates, "gold": f"d:{doc_id}"}) + "\n"
+            )
+    print(
+        f"corpus: {len(paragraphs)} paragraphs of the Python language reference -> {corpus}", file=sys.stderr
+    )
     return corpus, task_docs, tasks
 
 
@@ -99,7 +108,10 @@ def main() -> None:
     hits = json.loads(run("search", str(OUT / "index.sbert"), "--query", query, "-k", "5", capture=True))
 
     print("\n== docembed demo ==")
-    print(f'similarity("{a}", "{b}"):  ' + ",  ".join(f"{m if m == 'sbert' else 'pv'} {s:.3f}" for m, s in sims.items()))
+    print(
+        f'similarity("{a}", "{b}"):  '
+        + ",  ".join(f"{m if m == 'sbert' else 'pv'} {s:.3f}" for m, s in sims.items())
+    )
     print("rerank (first sentence -> rest of its paragraph, 10 candidates, 50 queries), MRR x100:")
     for name, value in scores.items():
         print(f"  {name:<13} {value:6.1f}")

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
-from cli_helpers import DOCEMBED, invoke, run
 
+from cli_helpers import DOCEMBED, invoke, run
 from docembed.io.embeddings import load_embeddings
 
 DOCS = [
@@ -73,7 +73,9 @@ def test_encode_multi_vector_and_shards(capfd, corpus, tmp_path):
     whole = tmp_path / "whole.npy"
     invoke(capfd, "encode", corpus, "-o", whole)
     assert sum((p.ids for p in parts), []) == load_embeddings(str(whole)).ids
-    np.testing.assert_allclose(np.concatenate([p.data for p in parts]), load_embeddings(str(whole)).data, atol=1e-5)
+    np.testing.assert_allclose(
+        np.concatenate([p.data for p in parts]), load_embeddings(str(whole)).data, atol=1e-5
+    )
 
 
 def test_similarity_texts_and_pairs(capfd, tmp_path):
@@ -83,7 +85,9 @@ def test_similarity_texts_and_pairs(capfd, tmp_path):
     maxsim = float(invoke(capfd, "similarity", "A cat sits.", "A cat sits.", "-m", "sbert-tokens").out)
     assert maxsim == pytest.approx(1.0, abs=1e-4)  # every query token finds itself
     pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text(json.dumps({"a": "x y", "b": "x y", "tag": 1}) + "\n" + json.dumps({"a": "cat", "b": "stock"}) + "\n")
+    pairs.write_text(
+        json.dumps({"a": "x y", "b": "x y", "tag": 1}) + "\n" + json.dumps({"a": "cat", "b": "stock"}) + "\n"
+    )
     result = invoke(capfd, "similarity", "--pairs", pairs, "--left-field", "a", "--right-field", "b")
     rows = [json.loads(line) for line in result.out.splitlines()]
     assert rows[0]["tag"] == 1 and rows[0]["score"] > rows[1]["score"]
@@ -92,7 +96,9 @@ def test_similarity_texts_and_pairs(capfd, tmp_path):
 
 def test_rerank_ids_and_texts(capfd, tmp_path):
     docs = tmp_path / "docs.tsv"
-    docs.write_text("L0\tthe feline rested on the rug\nR0\tbond yields fell\nR1\ta cat lay on the carpet\nR2\t\n")
+    docs.write_text(
+        "L0\tthe feline rested on the rug\nR0\tbond yields fell\nR1\ta cat lay on the carpet\nR2\t\n"
+    )
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"source": "L0", "candidates": ["R0", "R2", "R1"]}) + "\n")
     for model in ("sbert", "sbert-tokens"):
@@ -102,7 +108,9 @@ def test_rerank_ids_and_texts(capfd, tmp_path):
         scores = [c["score"] for c in row["ranking"]]
         assert scores == sorted(scores, reverse=True) and len(scores) == 3
     queries = tmp_path / "q.jsonl"
-    queries.write_text(json.dumps({"query": "weather", "candidates": ["sunny and warm", "tax law", "rain"]}) + "\n")
+    queries.write_text(
+        json.dumps({"query": "weather", "candidates": ["sunny and warm", "tax law", "rain"]}) + "\n"
+    )
     row = json.loads(invoke(capfd, "rerank", queries, "-k", "2").out)
     assert len(row["ranking"]) == 2 and row["ranking"][0]["text"] != "tax law"
     bad = tmp_path / "bad.jsonl"
@@ -116,7 +124,9 @@ def test_index_build_and_search(capfd, corpus, tmp_path, model):
     emb, index = tmp_path / "e.npz", tmp_path / "index"
     assert invoke(capfd, "encode", corpus, "-m", model, "-o", emb).code == 0
     assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
-    result = invoke(capfd, "search", index, "--query", "a kitten on a rug", "--query", "monetary policy", "-k", "2")
+    result = invoke(
+        capfd, "search", index, "--query", "a kitten on a rug", "--query", "monetary policy", "-k", "2"
+    )
     rows = [json.loads(line) for line in result.out.splitlines()]
     assert [r["results"][0]["id"] for r in rows] == ["cat", "bank"]
     assert invoke(capfd, "index", "build", emb, "-o", index).code == 1  # exists, no --overwrite

@@ -430,3 +430,11 @@ def test_cli_train_nugget_then_encode_and_inspect(tokenizer, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "chosen when seen" in result.output and '"bleu"' in result.output
+
+
+def test_token_words_join_word_pieces_and_keep_punctuation(tokenizer):
+    from docembed.models.nugget import token_words
+
+    ids = tokenizer("Beggin , he said .")["input_ids"]
+    assert len(ids) == 8  # [CLS] beg ##gin , he said . [SEP]: pieces to join
+    assert token_words(tokenizer, ids) == ["beggin", ",", "he", "said", "."]

@@ -331,7 +331,9 @@ def test_resume_keeps_the_running_covariance(tiny_bert_dir, tmp_path):
     pv = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
 
     def run(**kwargs):
-        recipe = DistillRecipe(_tiny_student(tiny_bert_dir), texts, DistillSettings(batch_size=4), pv_vectors=pv)
+        recipe = DistillRecipe(
+            _tiny_student(tiny_bert_dir), texts, DistillSettings(batch_size=4), pv_vectors=pv
+        )
         train(recipe, TrainConfig(output_dir=str(tmp_path), lr=1e-3, device="cpu", **kwargs))
         return load_file(str(tmp_path / "checkpoint" / "model.safetensors"))
 
@@ -339,3 +341,19 @@ def test_resume_keeps_the_running_covariance(tiny_bert_dir, tmp_path):
     assert float(first["breadth.count"]) == pytest.approx(1.95)  # c = 0.95 * 1 + 1 after two batches
     second = run(resume=True)  # one batch left in the epoch
     assert float(second["breadth.count"]) == pytest.approx(0.95 * 1.95 + 1)
+
+
+def test_longformer_checkpoint_is_wrapped_as_is(tiny_bert, tiny_bert_dir, tmp_path):
+    # The allenai/longformer-base-4096 path: a saved Longformer is loaded, not converted again.
+    from transformers import AutoTokenizer
+
+    long_model = convert_to_long(tiny_bert, None, max_length=64, attention_window=8)
+    long_model.save_pretrained(tmp_path / "longformer")
+    AutoTokenizer.from_pretrained(str(tiny_bert_dir)).save_pretrained(tmp_path / "longformer")
+    student = convert_long(str(tmp_path / "longformer"), max_length=64, attention_window=16)
+    assert student.model.config.attention_window == [16, 16]
+    assert torch.equal(
+        student.model.embeddings.position_embeddings.weight, long_model.embeddings.position_embeddings.weight
+    )
+    with pytest.raises(UsageError):
+        convert_long(str(tmp_path / "longformer"), max_length=65, attention_window=16)

@@ -71,4 +71,13 @@ def checksum(name: str, root: str | Path | None = None) -> str:
     return digest.hexdigest()
 
 
-__all__ = ["Document", "checksum", "data_root", "dataset_path", "documents", "iter_texts", "manifest", "records"]
+__all__ = [
+    "Document",
+    "checksum",
+    "data_root",
+    "dataset_path",
+    "documents",
+    "iter_texts",
+    "manifest",
+    "records",
+]

@@ -63,7 +63,9 @@ class VectorIndex:
         metadata = dict(embeddings.metadata, index_kind=kind, count=len(embeddings))
         if embeddings.is_multi:
             multi = embeddings.data
-            multi = MultiVectors(l2_normalize(multi.vectors).astype(np.float32), multi.offsets, multi.positions)
+            multi = MultiVectors(
+                l2_normalize(multi.vectors).astype(np.float32), multi.offsets, multi.positions
+            )
             return cls(_build_faiss(multi.vectors, kind), list(embeddings.ids), metadata, multi)
         vectors = l2_normalize(np.asarray(embeddings.data, dtype=np.float32))
         return cls(_build_faiss(vectors, kind), list(embeddings.ids), metadata)

@@ -40,32 +40,39 @@ def rerank_rows(
     or {"query": text, "candidates": [texts]}. `rows` yields (line_number, record). Rows are processed in
     chunks: all texts of a chunk are encoded together, each distinct document once."""
     for chunk in batched(rows, chunk_size):
-        texts: list[str] = []
-        slot: dict[str, int] = {}
-
-        def add(key: str, text: str) -> int:
-            if key not in slot:
-                slot[key] = len(texts)
-                texts.append(text)
-            return slot[key]
-
+        unique = _UniqueTexts()
         plans = []
         for line_number, row in chunk:
             query_key, candidate_keys, by_id = _resolve(row, docs, source, line_number)
-            lookup = (lambda k: docs[k]) if by_id else (lambda k: k)
-            q = add(("id:" if by_id else "text:") + query_key, lookup(query_key))
-            c = [add(("id:" if by_id else "text:") + k, lookup(k)) for k in candidate_keys]
-            plans.append((row, query_key, candidate_keys, by_id, q, c))
-        vectors = model.encode(texts, batch_size=batch_size)
-        for row, query_key, candidate_keys, by_id, q, c in plans:
-            candidates = _gather(vectors, c)
-            scores = score_one_to_many(_take(vectors, q), candidates)
-            order = rank(scores)
+            text_of = docs.__getitem__ if by_id else str
+            prefix = "id:" if by_id else "text:"
+            q = unique.add(prefix + query_key, text_of(query_key))
+            c = [unique.add(prefix + k, text_of(k)) for k in candidate_keys]
+            plans.append((query_key, candidate_keys, by_id, q, c))
+        vectors = model.encode(unique.texts, batch_size=batch_size)
+        for query_key, candidate_keys, by_id, q, c in plans:
+            scores = score_one_to_many(_take(vectors, q), _gather(vectors, c))
             key = "id" if by_id else "text"
             yield {
                 ("source" if by_id else "query"): query_key,
-                "ranking": [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order],
+                "ranking": [
+                    {key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in rank(scores)
+                ],
             }
+
+
+class _UniqueTexts:
+    """Texts to encode for one chunk, each distinct document once."""
+
+    def __init__(self):
+        self.texts: list[str] = []
+        self._slot: dict[str, int] = {}
+
+    def add(self, key: str, text: str) -> int:
+        if key not in self._slot:
+            self._slot[key] = len(self.texts)
+            self.texts.append(text)
+        return self._slot[key]
 
 
 def _gather(vectors: Vectors, indices: list[int]) -> Vectors:

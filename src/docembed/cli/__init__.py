@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 
 import typer
@@ -78,11 +79,16 @@ def _quiet_libraries() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _terminate(signum, frame) -> None:
+    print("docembed: terminated", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     """Console entry point: user errors become one line and an exit status, never a traceback."""
-    from docembed.errors import DocembedError
-
     from typer import Abort
+
+    from docembed.errors import DocembedError
 
     try:  # newer typer vendors click as typer._click; older typer uses click itself
         from typer._click.exceptions import ClickException
@@ -90,6 +96,8 @@ def main() -> None:
         from click.exceptions import ClickException
 
     _quiet_libraries()
+    # A scheduler's SIGTERM unwinds like Ctrl-C, so atomic writers remove their temporary files.
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         code = app(standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C inside a command into exit code 130

@@ -12,7 +12,10 @@ TEXT_FIELD = typer.Option("text", "--text-field", help="JSON field holding the d
 SKIP_INVALID = typer.Option(False, "--skip-invalid", help="Skip (and count) malformed lines.")
 OVERWRITE = typer.Option(False, "--overwrite", help="Replace an existing output.")
 DATA_ROOT = typer.Option(
-    None, "--data-root", envvar="DOCEMBED_DATA", help="Folder of evaluation data sets (default ../shared/data)."
+    None,
+    "--data-root",
+    envvar="DOCEMBED_DATA",
+    help="Folder of evaluation data sets (default ../shared/data).",
 )
 
 

@@ -14,9 +14,13 @@ def register(app: typer.Typer) -> None:
 
 def similarity(
     texts: list[str] = typer.Argument(None, help="Two texts to compare (or use --pairs)."),
-    pairs: str = typer.Option(None, "--pairs", "-p", help="JSONL of pairs (- for stdin); prints each row + score."),
+    pairs: str = typer.Option(
+        None, "--pairs", "-p", help="JSONL of pairs (- for stdin); prints each row + score."
+    ),
     left_field: str = typer.Option("text1", "--left-field", help="Field of the first text in --pairs rows."),
-    right_field: str = typer.Option("text2", "--right-field", help="Field of the second text in --pairs rows."),
+    right_field: str = typer.Option(
+        "text2", "--right-field", help="Field of the second text in --pairs rows."
+    ),
     model: str = common.MODEL,
     batch_size: int = common.BATCH_SIZE,
 ) -> None:
@@ -52,8 +56,12 @@ def similarity(
 
 
 def rerank(
-    tasks: str = typer.Argument(..., help="JSONL rows {source, candidates: [ids]} or {query, candidates: [texts]}; - for stdin."),
-    docs: str = typer.Option(None, "--docs", "-d", help="Documents for id rows (.jsonl, .tsv id<TAB>text, .txt)."),
+    tasks: str = typer.Argument(
+        ..., help="JSONL rows {source, candidates: [ids]} or {query, candidates: [texts]}; - for stdin."
+    ),
+    docs: str = typer.Option(
+        None, "--docs", "-d", help="Documents for id rows (.jsonl, .tsv id<TAB>text, .txt)."
+    ),
     model: str = common.MODEL,
     output: str = typer.Option("-", "--output", "-o", help="Output JSONL (default stdout)."),
     top_k: int = typer.Option(None, "--top-k", "-k", min=1, help="Keep only the best K candidates per row."),

@@ -12,18 +12,30 @@ def register(app: typer.Typer) -> None:
 
 
 def encode(
-    input: str = typer.Argument(..., help="Documents: .jsonl, .txt (one per line), .tsv (id<TAB>text), or - for stdin."),
-    output: str = typer.Option("-", "--output", "-o", help="Output file (.npy .npz .safetensors .parquet .jsonl); - is JSONL on stdout."),
+    input: str = typer.Argument(
+        ..., help="Documents: .jsonl, .txt (one per line), .tsv (id<TAB>text), or - for stdin."
+    ),
+    output: str = typer.Option(
+        "-",
+        "--output",
+        "-o",
+        help="Output file (.npy .npz .safetensors .parquet .jsonl); - is JSONL on stdout.",
+    ),
     model: str = common.MODEL,
     format: str = common.INPUT_FORMAT,
     id_field: str = common.ID_FIELD,
     text_field: str = common.TEXT_FIELD,
     skip_invalid: bool = common.SKIP_INVALID,
-    shard: str = typer.Option(None, "--shard", help="I/N: encode only the I-th (0-based) of N contiguous slices."),
+    shard: str = typer.Option(
+        None, "--shard", help="I/N: encode only the I-th (0-based) of N contiguous slices."
+    ),
     batch_size: int = common.BATCH_SIZE,
     output_format: str = typer.Option(None, "--output-format", help="Override the format implied by -o."),
     overwrite: bool = common.OVERWRITE,
     ratio: float = typer.Option(None, "--ratio", help="NUGGET: compression ratio r at encode time."),
+    workers: int = typer.Option(
+        None, "--workers", min=1, help="PV: inference processes (default: the model's)."
+    ),
 ) -> None:
     """Embed every document of INPUT (one output row per input row, empty texts included)."""
     from docembed.encoding import encode_documents
@@ -37,17 +49,20 @@ def encode(
         if not hasattr(encoder, "set_ratio"):
             raise typer.BadParameter(f"model {model!r} has no compression ratio", param_hint="--ratio")
         encoder.set_ratio(ratio)
+    if workers is not None:
+        if not hasattr(encoder, "set_workers"):
+            raise typer.BadParameter(f"model {model!r} encodes in one process", param_hint="--workers")
+        encoder.set_workers(workers)
     total = len(documents) if input != "-" and _progress_wanted() else None
     embeddings = encode_documents(encoder, documents, batch_size=batch_size, total=total)
     if documents.skipped:
         log(f"skipped {documents.skipped} invalid line(s) of {documents.name}")
     save_embeddings(embeddings, output, output_format)
-    kind = "multi-vector" if embeddings.is_multi else "dense"
-    extra = ""
+    shape = f"dim {embeddings.dim}"
     if embeddings.is_multi:
-        extra = f", {embeddings.data.counts.mean():.1f} vectors/doc" if len(embeddings) else ""
+        shape = f"multi-vector, {embeddings.data.counts.mean():.1f} vectors/doc, " + shape
     where = "stdout" if output == "-" else output
-    log(f"encoded {len(embeddings)} documents with {encoder.name} ({kind}, dim {embeddings.dim}{extra}) -> {where}")
+    log(f"encoded {len(embeddings)} documents with {encoder.name} ({shape}) -> {where}")
 
 
 def _progress_wanted() -> bool:

@@ -86,6 +86,10 @@ def search(
     for chunk in batched(items_iter, 256):
         vectors = encoder.encode([text for _, text in chunk], batch_size=batch_size)
         for (qid, text), hits in zip(chunk, vector_index.search(vectors, k), strict=True):
-            row = {"query_id": qid, "query": text, "results": [{"id": i, "score": round(s, 6)} for i, s in hits]}
+            row = {
+                "query_id": qid,
+                "query": text,
+                "results": [{"id": i, "score": round(s, 6)} for i, s in hits],
+            }
             sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
     sys.stdout.flush()

@@ -9,7 +9,9 @@ def register(app: typer.Typer) -> None:
     app.command("models")(models)
 
 
-def models(as_json: bool = typer.Option(False, "--json", help="JSON Lines on stdout instead of a table.")) -> None:
+def models(
+    as_json: bool = typer.Option(False, "--json", help="JSON Lines on stdout instead of a table."),
+) -> None:
     """List built-in model names and the models saved under $DOCEMBED_HOME."""
     import json
 

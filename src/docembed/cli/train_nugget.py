@@ -189,7 +189,9 @@ def inspect(
         pieces = []
         for position, token in enumerate(tokenizer.convert_ids_to_tokens(ids)):
             word = escape(token)
-            pieces.append(f"[bold black on yellow]{word}[/]" if position in chosen else word)
+            if position in chosen:  # highlighted in a terminal; [[marked]] when piped or without colour
+                word = f"[bold black on yellow]{word}[/]" if console.color_system else escape(f"[[{token}]]")
+            pieces.append(word)
         console.print(
             f"[dim]doc {text_index} ({len(chosen)} nuggets / {len(ids)} tokens):[/] " + " ".join(pieces)
         )

@@ -85,6 +85,9 @@ def train_quickthoughts(
     )
     matrix, coverage = initial_embeddings(sentences.vocabulary, None, vectors, seed=settings.seed)
     log(f"word vectors: {coverage:.1%} of the vocabulary found in {vectors or 'GloVe 6B 50d (offline)'}")
+    import torch
+
+    torch.manual_seed(settings.seed)  # the GRU initialisation, made before the loop seeds anything
     config.vocab_size = len(sentences.vocabulary)
     config.embedding_dim = int(matrix.shape[1])
     recipe = QuickThoughtsRecipe(

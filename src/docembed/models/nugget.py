@@ -634,19 +634,26 @@ class NuggetEncoder(Encoder):
         return MultiVectors.from_list(vectors, [p for _, p, _ in items])
 
     @torch.no_grad()
-    def reconstruct(
+    def reconstruct_ids(
         self, texts: Sequence[str], beams: int = 5, batch_size: int = 8, max_length: int | None = None
-    ) -> list[str]:
-        """Decode each text back from its nuggets alone (beam search): the reconstruction probe."""
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """(input token ids, ids decoded from the nuggets alone by beam search) per text."""
         ids = self.tokenize(texts, max_length)
-        outputs: list[str] = [""] * len(ids)
+        outputs: list[list[int]] = [[] for _ in ids]
         for chunk, input_ids, attention in self._batches(ids, batch_size):
             generated = self.model.generate(
                 input_ids, attention, beams, max_new_tokens=input_ids.shape[1] + 8
             )
             for row, i in enumerate(chunk):
-                outputs[i] = self.tokenizer.decode(generated[row], skip_special_tokens=True)
-        return outputs
+                outputs[i] = generated[row]
+        return ids, outputs
+
+    def reconstruct(
+        self, texts: Sequence[str], beams: int = 5, batch_size: int = 8, max_length: int | None = None
+    ) -> list[str]:
+        """Decode each text back from its nuggets alone (beam search): the reconstruction probe."""
+        _, outputs = self.reconstruct_ids(texts, beams, batch_size, max_length)
+        return [self.tokenizer.decode(o, skip_special_tokens=True) for o in outputs]
 
     # --- files --------------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
@@ -732,10 +739,28 @@ def corpus_bleu(hypotheses: Sequence[list[str]], references: Sequence[list[str]]
     }
 
 
+def token_words(tokenizer, ids: Sequence[int]) -> list[str]:
+    """Words of a token id sequence: sub-word pieces joined ("##" continuations for WordPiece, a leading
+    "Ġ"/"▁" starting a word for BPE/SentencePiece), special tokens dropped, punctuation kept separate
+    (no detokenisation cleanup), so BLEU counts the same units in hypotheses and references."""
+    special = set(tokenizer.all_special_ids)
+    pieces = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
+    marked = any(p.startswith(("Ġ", "▁")) for p in pieces)
+    words: list[str] = []
+    for piece in pieces:
+        if piece.startswith("##") and words:
+            words[-1] += piece[2:]
+        elif marked and not piece.startswith(("Ġ", "▁")) and words:
+            words[-1] += piece
+        else:
+            words.append(piece.lstrip("Ġ▁"))
+    return [w for w in words if w]
+
+
 def reconstruction_bleu(encoder: NuggetEncoder, texts: Sequence[str], beams: int = 5, max_length: int = 128):
     """Decode each text from its nuggets (beam search) and score corpus BLEU-4 against the text as the
-    model saw it (cut to `max_length` tokens, detokenised the same way), whitespace-tokenised."""
-    ids = encoder.tokenize(texts, max_length)
-    references = [encoder.tokenizer.decode(i, skip_special_tokens=True).split() for i in ids]
-    hypotheses = [h.split() for h in encoder.reconstruct(texts, beams=beams, max_length=max_length)]
+    model saw it (cut to `max_length` tokens), both as `token_words`."""
+    ids, outputs = encoder.reconstruct_ids(texts, beams=beams, max_length=max_length)
+    references = [token_words(encoder.tokenizer, i) for i in ids]
+    hypotheses = [token_words(encoder.tokenizer, o) for o in outputs]
     return corpus_bleu(hypotheses, references)

@@ -172,7 +172,9 @@ class Checkpoint:
         from safetensors.torch import load_file
 
         module.load_state_dict(load_file(str(self.dir / "model.safetensors"), device=device), strict=False)
-        optimizer.load_state_dict(torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True))
+        optimizer.load_state_dict(
+            torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True)
+        )
         return json.loads((self.dir / "state.json").read_text())
 
 
