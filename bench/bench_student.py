@@ -166,7 +166,7 @@ def _load(spec: str):
 
 
 def _embeddings(name: str, spec: str, split: str, texts: list[str], cache: Path) -> np.ndarray:
-    """Embeddings of one split, cached in out_dir (keyed by the model folder's weights mtime)."""
+    """Embeddings of one split, cached under runs/ (keyed by the model folder's weights mtime)."""
     stamp = ""
     weights = Path(spec) / "model.safetensors"
     if weights.exists():
@@ -189,9 +189,9 @@ def quality(out_dir: Path, full: bool, only: list[str] | None = None) -> dict:
     from docembed.evaluation.metrics import average_precision_at_k
     from docembed.evaluation.probes import train_test_predictions
 
-    paths = prepare(DATA if full else out_dir / "student-data-small", full)
+    paths = prepare(DATA if full else RUNS / "student-data-small", full)
     # Embedding caches are run-time data: under runs/ (git-ignored), not beside the results.
-    cache = RUNS / "student-embeddings" if full else out_dir / "student-embeddings-small"
+    cache = RUNS / ("student-embeddings" if full else "student-embeddings-small")
     results: dict[str, dict] = {}
     for name, spec in model_specs().items():
         if only and name not in only:

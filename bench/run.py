@@ -5,6 +5,7 @@ bench/results/<date>.json, with a markdown rendering beside it (<date>.md) and o
     .venv/bin/python bench/run.py --full          # the full data sets (hours on a CPU)
     .venv/bin/python bench/run.py --only quality,speed
     .venv/bin/python bench/run.py --report-only   # re-render docs/results.md from the latest results file
+    .venv/bin/python bench/run.py --import-result speed=DIR/bench_speed.json   # add a standalone run
 
 A run with --only merges into the same day's results file, keeping the other modules' earlier entries.
 Each module also writes its own JSON into bench/results/<date>/.
@@ -19,6 +20,7 @@ import json
 import os
 import pathlib
 import platform
+import re
 import sys
 import time
 import traceback
@@ -212,7 +214,8 @@ def render_quality(quality: dict) -> list[str]:
     seconds = [[m, t, o.get("seconds", o.get("wall_seconds"))] for m in models for t, o in results[m].items()]
     lines += [
         "",
-        "<details><summary>seconds per cell</summary>",
+        "<details><summary>seconds per cell (wall clock of the cell; embeddings already in the cache under "
+        "$DOCEMBED_HOME/cache/embeddings are not recomputed)</summary>",
         "",
         *_table(["model", "task", "seconds"], seconds),
         "",
@@ -278,9 +281,10 @@ def render(results_path: pathlib.Path) -> str:
     ]
     for name, entry in merged.get("benchmarks", {}).items():
         result = entry.get("result", {})
+        origin = f"imported from {entry['imported_from']}" if entry.get("imported_from") else "run by run.py"
         lines += [
             f"<!-- {name}: {entry.get('seconds')} s, finished {entry.get('finished')}, "
-            f"full={entry.get('full')} -->"
+            f"full={entry.get('full')}, {origin} -->"
         ]
         if "error" in result:
             lines += [f"## {name}", "", f"Failed: {result['error']}", ""]
@@ -294,7 +298,8 @@ def render(results_path: pathlib.Path) -> str:
 
 
 def latest_results() -> pathlib.Path:
-    files = sorted(RESULTS_DIR.glob("*.json"))
+    # only run.py's own dated files (other modules may keep their own JSON files in bench/results/)
+    files = sorted(p for p in RESULTS_DIR.glob("*.json") if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem))
     if not files:
         raise SystemExit("no results yet: run `make bench` first")
     return files[-1]
@@ -308,6 +313,29 @@ def write_report(results_path: pathlib.Path) -> None:
     print(f"[bench] wrote {results_path.with_suffix('.md')} and {DOCS_PAGE}", file=sys.stderr)
 
 
+def import_result(spec: str) -> pathlib.Path:
+    """Merge the JSON a module wrote in a standalone run (`bench/bench_x.py --out DIR`) into today's results
+    file as entry NAME, recording where it came from."""
+    name, _, path = spec.partition("=")
+    source = pathlib.Path(path)
+    if not name or not source.is_file():
+        raise SystemExit(f"--import-result expects NAME=PATH to a module's JSON, got {spec!r}")
+    date = dt.date.today().isoformat()
+    target = RESULTS_DIR / f"{date}.json"
+    merged = json.loads(target.read_text()) if target.exists() else {"date": date, "benchmarks": {}}
+    stamp = dt.datetime.fromtimestamp(source.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
+    merged["benchmarks"][name] = {
+        "full": None,
+        "seconds": None,
+        "finished": stamp,
+        "imported_from": str(source),
+        "result": json.loads(source.read_text()),
+    }
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+    return target
+
+
 def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -317,7 +345,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--full", action="store_true", help="full data sets instead of the modest subsets")
     parser.add_argument("--only", help=f"comma-separated benchmark names: {', '.join(discover())}")
     parser.add_argument("--report-only", action="store_true", help="re-render docs/results.md, run nothing")
+    parser.add_argument(
+        "--import-result", metavar="NAME=PATH", help="merge a standalone module run's JSON, then re-render"
+    )
     args = parser.parse_args(argv)
+    if args.import_result:
+        write_report(import_result(args.import_result))
+        return
     if args.report_only:
         write_report(latest_results())
         return

@@ -102,6 +102,16 @@ def test_recipe_reshuffles_every_epoch_and_skips_short_documents():
     assert set(terms) == {"loss", "align", "uniform"}
 
 
+def test_recipe_initialisation_is_seeded():
+    texts = ["alpha beta gamma delta", "epsilon zeta eta theta"]
+    first = SetEncoderRecipe(texts, SetEncoderConfig(**TINY), batch_size=2, seed=5).module.state_dict()
+    torch.manual_seed(123)  # whatever the global state, the seed decides the initial weights
+    second = SetEncoderRecipe(texts, SetEncoderConfig(**TINY), batch_size=2, seed=5).module.state_dict()
+    other = SetEncoderRecipe(texts, SetEncoderConfig(**TINY), batch_size=2, seed=6).module.state_dict()
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert not torch.equal(first["network.embedding.weight"], other["network.embedding.weight"])
+
+
 # --- the encoder --------------------------------------------------------------------------------------
 def test_hashing_is_stable_and_uses_several_buckets():
     hasher = TokenHasher(1000, 2, seed=0)

@@ -237,13 +237,14 @@ def test_training_runs_and_checkpoints_soft_cca_state(tiny_bert_dir, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_sbert_dir(tiny_bert_dir, tmp_path_factory):
     """A docembed sbert model over the tiny BERT (mean pooling, 16 tokens): a fast depth teacher."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
     from docembed.models.sbert import ST_SUBDIR, SBertConfig, SBertEncoder
 
     directory = tmp_path_factory.mktemp("tiny_sbert")
-    word = models.Transformer(str(tiny_bert_dir), max_seq_length=ORIGINAL)
-    SentenceTransformer(modules=[word, models.Pooling(32)]).save(str(directory / ST_SUBDIR))
+    word = Transformer(str(tiny_bert_dir), max_seq_length=ORIGINAL)
+    SentenceTransformer(modules=[word, Pooling(32)]).save(str(directory / ST_SUBDIR))
     SBertEncoder(SBertConfig(model_name_or_path=str(directory / ST_SUBDIR))).save(directory)
     return directory
 
@@ -296,6 +297,17 @@ def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_p
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").exists() and (out / "train_summary.json").exists()
     assert load_model(str(out)).encode(["a film"]).shape == (1, 32)
+    # Without --pv-model, a PV teacher is trained on the corpus first (train-pv), then distilled from.
+    out_pv = tmp_path / "trained-pv"
+    args = ["-q", "train-distill", str(corpus), "-o", str(out_pv), "--student", str(student_dir)]
+    args += ["--teacher", "pv", "--pv-mode", "dbow", "--pv-dim", "8", "--batch-size", "5"]
+    result = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")])
+    assert result.exit_code == 0, result.output
+    assert (out_pv / "pv-teacher" / "config.json").exists() and (out_pv / "model.safetensors").exists()
+    logged = json.loads((out_pv / "train_log.jsonl").read_text().splitlines()[-1])
+    assert "breadth" in logged and "depth" not in logged
+    again = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")])
+    assert again.exit_code != 0  # a finished student is not trained over
     bad = runner.invoke(app, ["train-distill", str(corpus), "-o", str(tmp_path / "x"), "--teacher", "bert"])
     assert bad.exit_code != 0
 

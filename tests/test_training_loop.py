@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from toy_recipe import ToyRecipe
 
 from docembed.training.loop import TrainConfig, train
+from toy_recipe import ToyRecipe
 
 HERE = Path(__file__).parent
 
@@ -67,3 +67,12 @@ def test_ddp_two_gloo_processes(tmp_path):
     # resume the 2-rank checkpoint with 1 process: it continues from the recorded position
     train(ToyRecipe(), TrainConfig(output_dir=str(out), epochs=3, lr=0.05, resume=True))
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 24
+
+
+def test_seed_reaches_torch_once_imported():
+    from docembed.runtime import seed_everything
+
+    seed_everything(7)
+    first = torch.rand(3)
+    seed_everything(7)
+    assert torch.equal(first, torch.rand(3))

@@ -8,8 +8,6 @@ reports it with the first text as the query.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from docembed.io.embeddings import MultiVectors, Vectors
@@ -41,40 +39,70 @@ def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
     return scores.astype(np.float32)
 
 
-def maxsim_pairs(queries: MultiVectors, docs: MultiVectors, batch_size: int = 256) -> np.ndarray:
-    """mean-MaxSim of queries[i] against docs[i] for every i, with padded batched matrix products."""
-    import torch
+#: Above this many query x document vector products per pair, one BLAS GEMM per pair is already efficient
+#: (Python's per-pair overhead is a few percent of it) and beats numpy's stacked matmul, which has no
+#: BLAS path; below it, pairs are scored in padded batches. Measured in bench/bench_speed.py.
+LARGE_PAIR = 64 * 64
 
+
+def maxsim_pairs(queries: MultiVectors, docs: MultiVectors, batch_size: int = 32) -> np.ndarray:
+    """mean-MaxSim of queries[i] against docs[i] for every i.
+
+    Pairs are sorted by size and cut into batches of similar shapes (little padding). A batch of small
+    sets is one gather into padded arrays and one stacked matrix product; a batch of large sets is
+    scored with one GEMM per pair (see LARGE_PAIR)."""
     if len(queries) != len(docs):
         raise ValueError("maxsim_pairs needs as many queries as documents")
-    q_norm = torch.from_numpy(l2_normalize(queries.vectors).astype(np.float32))
-    d_norm = torch.from_numpy(l2_normalize(docs.vectors).astype(np.float32))
-    scores = np.empty(len(queries), dtype=np.float32)
-    for start in range(0, len(queries), batch_size):
-        idx = range(start, min(start + batch_size, len(queries)))
-        q_pad, q_mask = _pad(q_norm, queries.offsets, idx)
-        d_pad, d_mask = _pad(d_norm, docs.offsets, idx)
-        sims = torch.bmm(q_pad, d_pad.transpose(1, 2))  # (b, mq, md)
-        sims = sims.masked_fill(~d_mask[:, None, :], -2.0)  # below any cosine: padding never wins
-        best = sims.max(dim=2).values.clamp_min(-1.0)  # (b, mq); empty docs give -1
-        q_counts = q_mask.sum(dim=1)
-        total = (best * q_mask).sum(dim=1)
-        scores[start : start + len(idx)] = torch.where(
-            q_counts > 0, total / q_counts.clamp_min(1), torch.zeros_like(total)
-        ).numpy()
+    q_flat = l2_normalize(queries.vectors).astype(np.float32, copy=False)
+    d_flat = l2_normalize(docs.vectors).astype(np.float32, copy=False)
+    q_counts, d_counts = queries.counts, docs.counts
+    scores = np.zeros(len(queries), dtype=np.float32)
+    for batch in _similar_size_batches(q_counts, d_counts, batch_size):
+        if int(q_counts[batch].max()) * int(d_counts[batch].max()) >= LARGE_PAIR:
+            for i in batch:
+                scores[i] = _mean_maxsim(q_flat, queries.offsets, d_flat, docs.offsets, i)
+            continue
+        q_pad, q_mask = _gather_padded(q_flat, queries.offsets[batch], q_counts[batch])
+        d_pad, d_mask = _gather_padded(d_flat, docs.offsets[batch], d_counts[batch])
+        sims = np.matmul(q_pad, d_pad.transpose(0, 2, 1))  # (b, mq, md)
+        sims[np.broadcast_to(~d_mask[:, None, :], sims.shape)] = -2.0  # padding never wins
+        best = np.maximum(sims.max(axis=2), -1.0)  # (b, mq); a document without vectors gives -1
+        n_q = q_mask.sum(axis=1)
+        scores[batch] = np.where(n_q > 0, (best * q_mask).sum(axis=1) / np.maximum(n_q, 1), 0.0)
     return scores
 
 
-def _pad(flat, offsets: np.ndarray, indices: Sequence[int]):
-    import torch
+def _mean_maxsim(q_flat, q_offsets, d_flat, d_offsets, i: int) -> float:
+    q = q_flat[q_offsets[i] : q_offsets[i + 1]]
+    d = d_flat[d_offsets[i] : d_offsets[i + 1]]
+    if len(q) == 0:
+        return 0.0
+    if len(d) == 0:
+        return -1.0
+    return float((q @ d.T).max(axis=1).mean())
 
-    counts = [int(offsets[i + 1] - offsets[i]) for i in indices]
-    width = max(max(counts), 1)
-    padded = flat.new_zeros((len(counts), width, flat.shape[1]))
-    mask = torch.zeros((len(counts), width), dtype=torch.bool)
-    for row, (i, count) in enumerate(zip(indices, counts, strict=True)):
-        padded[row, :count] = flat[offsets[i] : offsets[i] + count]
-        mask[row, :count] = True
+
+def _similar_size_batches(q_counts: np.ndarray, d_counts: np.ndarray, batch_size: int, group: int = 8):
+    """Index batches whose pairs have similar query and document sizes, so padding wastes little:
+    sort by document size, cut groups of `group` batches, sort each group by query size, cut batches."""
+    by_doc = np.argsort(d_counts, kind="stable")
+    span = batch_size * group
+    for start in range(0, len(by_doc), span):
+        block = by_doc[start : start + span]
+        block = block[np.argsort(q_counts[block], kind="stable")]
+        for offset in range(0, len(block), batch_size):
+            yield block[offset : offset + batch_size]
+
+
+def _gather_padded(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray):
+    """Rows starts[i] .. starts[i] + counts[i] of `flat`, zero-padded to the widest: (b, width, dim), mask."""
+    width = max(int(counts.max(initial=0)), 1)
+    columns = np.arange(width)
+    mask = columns[None, :] < counts[:, None]
+    if len(flat) == 0:
+        return np.zeros((len(counts), width, flat.shape[1]), dtype=np.float32), mask
+    padded = flat[np.where(mask, starts[:, None] + columns[None, :], 0)]
+    padded[~mask] = 0.0
     return padded, mask
 
 

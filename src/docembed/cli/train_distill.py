@@ -105,9 +105,11 @@ def train_distill(
     from docembed.errors import UsageError
     from docembed.models.registry import load_model, models_home
     from docembed.models.student import StudentEncoder, convert_long
-    from docembed.runtime import log, resolve_device, settings
+    from docembed.runtime import log, resolve_device, seed_everything, settings
     from docembed.training.distill_recipe import DistillRecipe, DistillSettings, TeacherCache, depth_weights
     from docembed.training.loop import TrainConfig, train
+
+    seed_everything()  # torch is imported now: seed the model's initialisation too
 
     teachers = {t.strip() for t in teacher.split(",") if t.strip()}
     if not teachers or teachers - {"sbert", "pv"}:

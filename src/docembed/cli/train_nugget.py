@@ -61,9 +61,11 @@ def train_nugget(
 
     from docembed.errors import UsageError
     from docembed.models.nugget import NuggetConfig, NuggetEncoder
-    from docembed.runtime import log, settings
+    from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import TrainConfig, train
     from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    seed_everything()  # torch is imported now: seed the model's initialisation too
 
     if objective not in ("ae", "mt"):
         raise UsageError(f"--objective must be ae or mt, got {objective!r}")

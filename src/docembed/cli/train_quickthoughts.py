@@ -54,7 +54,7 @@ def train_quickthoughts(
     from docembed.datasets import documents
     from docembed.io.readers import DocumentReader
     from docembed.models.quickthoughts import QuickThoughtsConfig
-    from docembed.runtime import log, settings
+    from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import TrainConfig, train
     from docembed.training.quickthoughts_recipe import QuickThoughtsRecipe, SentenceCorpus, initial_embeddings
 
@@ -85,9 +85,7 @@ def train_quickthoughts(
     )
     matrix, coverage = initial_embeddings(sentences.vocabulary, None, vectors, seed=settings.seed)
     log(f"word vectors: {coverage:.1%} of the vocabulary found in {vectors or 'GloVe 6B 50d (offline)'}")
-    import torch
-
-    torch.manual_seed(settings.seed)  # the GRU initialisation, made before the loop seeds anything
+    seed_everything()  # the GRU initialisation, made before the loop seeds anything
     config.vocab_size = len(sentences.vocabulary)
     config.embedding_dim = int(matrix.shape[1])
     recipe = QuickThoughtsRecipe(

@@ -20,7 +20,9 @@ def train_setenc(
     format: str = common.INPUT_FORMAT,
     text_field: str = common.TEXT_FIELD,
     limit: int = typer.Option(None, "--limit", min=2, help="Train on the first N documents only."),
-    epochs: int = typer.Option(30, "--epochs", min=1),
+    # 5: on 20 Newsgroups, 28 epochs fitted the training posts' halves (train align 0.22, test 1.10) and
+    # retrieved worse than 5 (MAP@100 20.5 vs 26.5).
+    epochs: int = typer.Option(5, "--epochs", min=1),
     max_steps: int = typer.Option(None, "--max-steps", min=1, help="Stop after this many optimizer steps."),
     time_budget: float = typer.Option(None, "--time-budget", help="Stop (and save) after this many seconds."),
     batch_size: int = typer.Option(256, "--batch-size", "-b", min=2, help="Documents per step (per rank)."),
@@ -49,9 +51,11 @@ def train_setenc(
 
     from docembed.errors import CorruptModelError, UsageError
     from docembed.models.set_encoder import SetEncoderConfig
-    from docembed.runtime import log, settings
+    from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import TrainConfig, train
     from docembed.training.setenc_recipe import SetEncoderRecipe
+
+    seed_everything()  # torch is imported now: seed everything the run draws
 
     if counts not in ("bag", "set"):
         raise UsageError(f"--counts must be bag or set, got {counts!r}")

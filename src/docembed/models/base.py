@@ -75,6 +75,11 @@ class Encoder(ABC):
         return False
 
     @property
+    def requires_fit(self) -> bool:
+        """True for families fitted on the task's own text (tfidf, bm25) until `fit(texts)` has run."""
+        return False
+
+    @property
     def normalized(self) -> bool:
         """Whether encode() returns unit-length vectors (cosine = dot product)."""
         return False

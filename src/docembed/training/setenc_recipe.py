@@ -71,6 +71,7 @@ class SetEncoderRecipe(Recipe):
         super().__init__()
         if batch_size < 2:
             raise ValueError("uniformity needs at least two documents per batch")
+        torch.manual_seed(seed)  # the initialisation depends on the seed alone, however the recipe is built
         self.encoder = SetEncoder(config)
         self.config = config
         self.batch_size = batch_size
