@@ -5,8 +5,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+import numpy as np
+
 from docembed.errors import DocembedError
-from docembed.io.embeddings import EmbeddingSet, concat_vectors
+from docembed.io.embeddings import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 from docembed.io.readers import Document, batched
 from docembed.models.base import Encoder
 from docembed.runtime import debug, progress_bar
@@ -32,4 +34,19 @@ def encode_documents(
             bar.update(docs_per_s=len(ids) / max(time.perf_counter() - started, 1e-9))
     if not parts:
         raise DocembedError("no documents to encode: the input is empty")
-    return EmbeddingSet(concat_vectors(parts), ids, model.metadata())
+    return EmbeddingSet(_assemble(parts), ids, model.metadata())
+
+
+def _assemble(parts: list) -> Vectors:
+    """Concatenate encoded chunks, freeing each once copied: peak memory is the output plus one chunk,
+    not twice the output (as np.concatenate over a list that still holds every chunk would be)."""
+    if isinstance(parts[0], MultiVectors):
+        return concat_vectors(parts)
+    out = np.empty((sum(len(p) for p in parts), parts[0].shape[1]), dtype=parts[0].dtype)
+    row = 0
+    parts.reverse()
+    while parts:
+        chunk = parts.pop()
+        out[row : row + len(chunk)] = chunk
+        row += len(chunk)
+    return out
