@@ -1,6 +1,6 @@
 """`make demo`: docembed end to end on built-in defaults, offline, in a few minutes on 2 cores.
 
-1. builds a small real corpus from Python's own documentation (pydoc_data: ~1,100 paragraphs of the
+1. builds a small real corpus from Python's own documentation (pydoc_data: ~900 distinct paragraphs of the
    language reference), plus a reranking task made from it (query = a paragraph's first sentence,
    candidates = the rest of that paragraph and 9 other paragraphs);
 2. trains a Paragraph Vector model on the corpus (`docembed train-pv`);
