@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import random
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TypeVar
@@ -124,10 +124,3 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[_NullBa
     with Progress(*columns, console=stderr_console(), transient=False) as progress:
         task = progress.add_task(description, total=total, info="")
         yield _RichBar(progress, task)
-
-
-def track(items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
-    with progress_bar(description, total) as bar:
-        for item in items:
-            yield item
-            bar.advance()

@@ -29,7 +29,7 @@ def similarity(
     import sys
 
     from docembed.errors import InputFormatError, UsageError
-    from docembed.io.readers import batched
+    from docembed.io.readers import batched, iter_jsonl_lines
     from docembed.ranking import similarity_scores
 
     if (pairs is None) == (not texts):
@@ -41,7 +41,7 @@ def similarity(
         typer.echo(f"{score:.6f}")
         return
     encoder = common.load(model)
-    rows = _jsonl_rows(pairs)
+    rows = iter_jsonl_lines(pairs)
     for chunk in batched(rows, 1024):
         for line_number, row in chunk:
             for field in (left_field, right_field):
@@ -76,6 +76,7 @@ def rerank(
     from pathlib import Path
 
     from docembed.io.embeddings import atomic_path, check_output_path
+    from docembed.io.readers import iter_jsonl_lines
     from docembed.ranking import rerank_rows
     from docembed.runtime import log
 
@@ -85,7 +86,7 @@ def rerank(
         reader = common.reader(docs, None, id_field, text_field, False)
         doc_texts = {doc.id: doc.text for doc in reader}
     encoder = common.load(model)
-    ranked = rerank_rows(encoder, _jsonl_rows(tasks), tasks, doc_texts, batch_size)
+    ranked = rerank_rows(encoder, iter_jsonl_lines(tasks), tasks, doc_texts, batch_size)
 
     def write(handle) -> int:
         n = 0
@@ -103,23 +104,3 @@ def rerank(
         with atomic_path(Path(output)) as tmp, open(tmp, "w", encoding="utf-8") as handle:
             n = write(handle)
     log(f"reranked {n} rows with {encoder.name}")
-
-
-def _jsonl_rows(path: str):
-    """(line_number, record) for each non-empty line; malformed lines name the file and line."""
-    import json
-
-    from docembed.errors import InputFormatError
-    from docembed.io.readers import _open_binary
-
-    with _open_binary(path) as handle:
-        for index, raw in enumerate(handle):
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw.decode("utf-8"))
-            except (UnicodeDecodeError, json.JSONDecodeError) as error:
-                raise InputFormatError(path, index + 1, f"malformed JSON line ({error})") from None
-            if not isinstance(record, dict):
-                raise InputFormatError(path, index + 1, "expected a JSON object")
-            yield index + 1, record

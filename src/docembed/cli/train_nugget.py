@@ -116,7 +116,7 @@ def train_nugget(
 
 def _read_corpus(path, objective, format, text_field, source_field, target_field, max_docs):
     from docembed.errors import DocembedError, InputFormatError
-    from docembed.io.readers import iter_jsonl
+    from docembed.io.readers import iter_jsonl_lines
 
     if objective == "ae":
         documents = common.reader(path, format, "id", text_field, False)
@@ -127,7 +127,7 @@ def _read_corpus(path, objective, format, text_field, source_field, target_field
             texts.append(doc.text)
         return texts, None
     sources, targets = [], []
-    for number, record in enumerate(iter_jsonl(path), start=1):
+    for number, record in iter_jsonl_lines(path):
         if max_docs and len(sources) >= max_docs:
             break
         if source_field not in record or target_field not in record:

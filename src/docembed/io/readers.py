@@ -8,7 +8,6 @@ and counted with `skip_invalid=True`. Empty texts are kept so output rows always
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import sys
 from collections.abc import Iterator
@@ -170,17 +169,29 @@ class DocumentReader:
         return Document(str(index) if doc_id is None else str(doc_id), text)
 
 
-def iter_jsonl(path: str | Path) -> Iterator[dict]:
-    """Records of a (possibly gzipped) JSON Lines file, with file:line in errors."""
+def iter_jsonl_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) for each non-empty line of a (possibly gzipped) JSON Lines file, or '-' for
+    stdin; a malformed line, invalid UTF-8 or a non-object is an InputFormatError naming file and line."""
     path = str(path)
     with _open_binary(path) as handle:
-        for index, raw in enumerate(io.TextIOWrapper(handle, encoding="utf-8")):
+        for index, raw in enumerate(handle):
             if not raw.strip():
                 continue
             try:
-                yield json.loads(raw)
+                record = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise InputFormatError(path, index + 1, f"invalid UTF-8 ({error.reason})") from None
             except json.JSONDecodeError as error:
                 raise InputFormatError(path, index + 1, f"malformed JSON ({error.msg})") from None
+            if not isinstance(record, dict):
+                raise InputFormatError(path, index + 1, "expected a JSON object")
+            yield index + 1, record
+
+
+def iter_jsonl(path: str | Path) -> Iterator[dict]:
+    """The records of a JSON Lines file (see iter_jsonl_lines)."""
+    for _, record in iter_jsonl_lines(path):
+        yield record
 
 
 def batched(iterable, size: int):

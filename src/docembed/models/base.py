@@ -10,7 +10,7 @@ import dataclasses
 import hashlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -106,19 +106,6 @@ class Encoder(ABC):
         if self.source:
             meta["model_source"] = self.source
         return meta
-
-    def encode_stream(
-        self, texts: Iterable[str], batch_size: int = 32, chunk_size: int = 1024
-    ) -> Iterator[Vectors]:
-        """Encode a stream chunk by chunk so memory holds one chunk of input at a time."""
-        chunk: list[str] = []
-        for text in texts:
-            chunk.append(text)
-            if len(chunk) == chunk_size:
-                yield self.encode(chunk, batch_size=batch_size)
-                chunk = []
-        if chunk:
-            yield self.encode(chunk, batch_size=batch_size)
 
     # --- the shared directory format ----------------------------------------------------------------
     def write_config(self, directory: str | Path, **extra: Any) -> Path:
