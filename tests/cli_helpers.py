@@ -36,3 +36,35 @@ def invoke(capfd, *args: str) -> Result:
 
 def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([DOCEMBED, *map(str, args)], capture_output=True, text=True, **kwargs)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(*args, nproc: int = 2, timeout: float = 300, script=None) -> subprocess.CompletedProcess:
+    """`torchrun --nproc_per_node NPROC -m docembed ARGS` (or SCRIPT ARGS) on CPU (gloo), one thread per
+    rank. On a timeout the launcher and its ranks are killed together (a hung rank must not outlive the
+    test)."""
+    import os
+    import signal
+
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    launcher += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    launcher += [str(script)] if script else ["-m", "docembed"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    cmd = [*launcher, *map(str, args)]
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"torchrun timed out after {timeout} s:\n{err[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

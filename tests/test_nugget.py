@@ -438,3 +438,26 @@ def test_token_words_join_word_pieces_and_keep_punctuation(tokenizer):
     ids = tokenizer("Beggin , he said .")["input_ids"]
     assert len(ids) == 8  # [CLS] beg ##gin , he said . [SEP]: pieces to join
     assert token_words(tokenizer, ids) == ["beggin", ",", "he", "said", "."]
+
+
+def test_train_nugget_under_torchrun_two_ranks(tokenizer, tmp_path):
+    from transformers import BertConfig, BertModel
+
+    from cli_helpers import torchrun
+    from docembed.models.registry import load_model
+
+    encoder_config, _ = bert_configs(layers=3)
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_dict(encoder_config)).save_pretrained(tmp_path / "tiny-bert")
+    tokenizer.save_pretrained(tmp_path / "tiny-bert")
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(t or "empty" for t in TEXTS * 4) + "\n")
+    out = tmp_path / "model"
+    args = ["-q", "train-nugget", corpus, "-o", out, "--backbone", tmp_path / "tiny-bert", "--kind", "bert"]
+    args += ["--scorer-layer", "1", "--batch-size", "2", "--max-length", "24", "--log-every", "1"]
+    proc = torchrun(*args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 4  # 8 global batches of 2, 2 per step
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 4  # rank 0 alone writes the log
+    assert load_model(str(out)).encode(["the cat sat ."]).counts.tolist() == [1]

@@ -335,3 +335,31 @@ def test_cli_train_and_encode(tmp_path):
     assert result.exit_code == 0, result.output
     assert np.load(encoded).shape == (2, 16)
     assert len(vocab) == config["vocab_size"]
+
+
+def test_train_quickthoughts_under_torchrun_two_ranks(tmp_path):
+    """Two gloo ranks: each trains on whole global batches (runs of consecutive sentences stay intact), the
+    logged loss is the mean over ranks, and rank 0 alone writes the model and the summary."""
+    from cli_helpers import torchrun
+    from docembed.models.registry import load_model
+
+    rng = np.random.default_rng(2)
+    words = ["good", "bad", "movie", "film", "plot", "actor", "great", "boring", "story", "scene"]
+    corpus = tmp_path / "corpus.jsonl"
+    with open(corpus, "w") as handle:
+        for i in range(20):
+            text = " ".join(" ".join(rng.choice(words, size=5)) + "." for _ in range(6))
+            handle.write(json.dumps({"id": str(i), "text": text}) + "\n")
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text("3 4\ngood 1 0 0 0\nmovie 0 1 0 0\nplot 0 0 1 0\n")
+    out = tmp_path / "qt"
+    args = ["-q", "train-quickthoughts", corpus, "-o", out, "--vectors", vectors, "--hidden", "8"]
+    args += ["--min-count", "1"]
+    proc = torchrun(*args, "--batch-size", "16", "--epochs", "1", "--log-every", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    # 120 sentences in batches of 16: 7 full global batches + 1 of 8 = 8, i.e. 4 steps of 2 ranks
+    assert summary["world_size"] == 2 and summary["steps"] == 4
+    assert summary["corpus"]["sentences"] == 120
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 4
+    assert load_model(str(out)).encode(["a good movie. a bad plot."]).shape[0] == 1

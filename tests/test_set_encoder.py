@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from docembed.cli import app
 from docembed.losses.align_uniform import AlignUniformLoss, alignment, uniformity
-from docembed.models.set_encoder import SetEncoder, SetEncoderConfig, TokenHasher, pack
+from docembed.models.set_encoder import SetEncoder, SetEncoderConfig, TokenHasher, embed_chunks, pack
 from docembed.training.setenc_recipe import SetEncoderRecipe, split_views
 
 TINY = {"num_buckets": 512, "num_hashes": 2, "word_dim": 16, "heads": 2, "dim": 16, "hidden": 32}
@@ -239,3 +239,39 @@ def test_plot_cli_writes_a_png(tmp_path):
         app, ["plot", str(emb), "--labels", str(labels_txt), "-o", str(tmp_path / "x.png")]
     )
     assert result.exit_code != 0
+
+
+def test_torchrun_two_ranks_uniformity_is_per_rank_and_resume_with_one(tmp_path):
+    """Under DDP "the batch" of the uniformity term is each rank's own batch: the first logged uniformity is
+    the mean over the two ranks of the uniformity of global batches 0 and 1, computed here in one process
+    from the same seeded initialisation. A 2-rank checkpoint then resumes in 1 process."""
+    from cli_helpers import torchrun
+
+    corpus = tmp_path / "corpus.jsonl"
+    _corpus(corpus)
+    out = tmp_path / "model"
+    shape = ["--dim", "16", "--word-dim", "16", "--heads", "2", "--hidden", "16", "--buckets", "256"]
+    args = ["--seed", "5", "-q", "train-setenc", str(corpus), "-o", str(out), "-b", "10", *shape]
+    proc = torchrun(*args, "--epochs", "1", "--log-every", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 3  # 6 global batches, 2 per step
+    first = json.loads((out / "train_log.jsonl").read_text().splitlines()[0])
+
+    config = SetEncoderConfig(num_buckets=256, word_dim=16, heads=2, dim=16, hidden=16)
+    texts = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
+    recipe = SetEncoderRecipe(texts, config, batch_size=10, seed=5)
+    batches = recipe.batches(0)
+    pair = [next(batches), next(batches)]
+    with torch.no_grad():
+        per_rank = [recipe.module(batch)["uniform"].item() for batch in pair]
+        network = recipe.encoder.network
+        left, right = (torch.cat([embed_chunks(network, b[v]) for b in pair]) for v in ("left", "right"))
+        one_batch_of_20 = recipe.module.loss(left, right)["uniform"].item()
+    assert first["uniform"] == pytest.approx(sum(per_rank) / 2, abs=1e-4)
+    assert abs(first["uniform"] - one_batch_of_20) > 1e-3
+
+    resumed = CliRunner().invoke(app, [*args, "--epochs", "2", "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["world_size"] == 1 and summary["steps"] == 3 + 6

@@ -170,3 +170,23 @@ def test_depth_margin_is_bounded_hinge():
     e = torch.eye(3)
     assert float(DepthLoss("margin", margin=0.5)(e, e)) == 0.0
     assert float(DepthLoss("margin")(s[:1], t[:1])) == 0.0  # no negatives in a batch of one
+
+
+def test_running_covariance_under_ddp_is_the_mean_of_the_ranks_batches(tmp_path):
+    """Two gloo ranks, each with its own batch: Phi_1 is the mean of the two batch covariances on both
+    ranks; at step 2 rank 1 has a batch of one (no statistics), so Phi_2 = alpha Phi_1 + rank 0's alone."""
+    from pathlib import Path
+
+    from cli_helpers import torchrun
+
+    proc = torchrun(tmp_path, script=Path(__file__).with_name("soft_cca_ranks.py"), timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for view in "st":
+        phi1 = (r0[f"cov_{view}0"] + r1[f"cov_{view}0"]) / 2
+        assert torch.allclose(r0[f"phi_{view}0"], phi1, atol=1e-6)
+        assert torch.allclose(r1[f"phi_{view}0"], phi1, atol=1e-6)
+        phi2 = 0.5 * phi1 + r0[f"cov_{view}1"]
+        assert torch.allclose(r0[f"phi_{view}1"], phi2, atol=1e-6)
+        assert torch.allclose(r1[f"phi_{view}1"], phi2, atol=1e-6)
+    assert r0["count1"].item() == r1["count1"].item() == pytest.approx(1.5)

@@ -369,3 +369,31 @@ def test_longformer_checkpoint_is_wrapped_as_is(tiny_bert, tiny_bert_dir, tmp_pa
     )
     with pytest.raises(UsageError):
         convert_long(str(tmp_path / "longformer"), max_length=65, attention_window=16)
+
+
+def test_train_distill_under_torchrun_two_ranks(tiny_bert_dir, tiny_sbert_dir, tmp_path):
+    """Two gloo ranks: rank 0 trains the PV teacher and fills the teacher cache first, rank 1 then finds
+    every vector cached; the Soft CCA history is shared (identical buffers), rank 0 alone writes."""
+    from safetensors.torch import load_file
+
+    from cli_helpers import torchrun
+
+    student_dir = tmp_path / "student"
+    _tiny_student(tiny_bert_dir).save(student_dir)
+    corpus = tmp_path / "corpus.txt"
+    lines = [f"review {i} says the film is {'good' if i % 2 else 'bad'} and {i % 5} stars" for i in range(16)]
+    corpus.write_text("\n".join(lines) + "\n")
+    out = tmp_path / "trained"
+    args = ["train-distill", corpus, "-o", out, "--student", student_dir, "--teacher", "sbert,pv"]
+    args += ["--sbert-model", tiny_sbert_dir, "--pv-mode", "dbow", "--pv-dim", "8", "--batch-size", "4"]
+    proc = torchrun(*args, "--cache-dir", tmp_path / "cache", "--log-every", "1", "--epochs", "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("all 16 documents cached") == 2  # rank 1, for each teacher
+    summary = json.loads((out / "train_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["steps"] == 2  # 4 global batches of 4
+    logged = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])
+    assert {"depth", "breadth", "cca_l2", "cca_decorrelation"} <= set(logged)
+    state = load_file(str(out / "checkpoint" / "model.safetensors"))
+    phi = [v for k, v in state.items() if k.endswith("phi_student")]
+    assert len(phi) == 1 and phi[0].abs().sum() > 0
+    assert (out / "pv-teacher" / "config.json").exists() and (out / "distill.json").exists()

@@ -76,3 +76,16 @@ def test_seed_reaches_torch_once_imported():
     first = torch.rand(3)
     seed_everything(7)
     assert torch.equal(first, torch.rand(3))
+
+
+def test_ranks_take_equal_shares_and_drop_an_incomplete_last_group():
+    from docembed.training.loop import DistEnv, _own_batches
+
+    def share(rank, world, done, n=8):
+        return [batch for _, batch in _own_batches(iter(range(n)), done, DistEnv(rank, world, rank))]
+
+    assert share(0, 1, 3) == [3, 4, 5, 6, 7]
+    # resumed after 1 of 8 global batches with 3 ranks: groups (1,2,3), (4,5,6); batch 7 is dropped
+    assert [share(r, 3, 1) for r in range(3)] == [[1, 4], [2, 5], [3, 6]]
+    positions = [end for end, _ in _own_batches(iter(range(8)), 1, DistEnv(0, 3, 0))]
+    assert positions == [3, 6]  # the checkpoint records whole groups as done

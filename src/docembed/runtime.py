@@ -39,6 +39,11 @@ def resolve_device(device: str | None = None) -> str:
     return device
 
 
+def torchrun_rank() -> tuple[int, int]:
+    """(rank, world size) of this process under torchrun, (0, 1) otherwise; read without importing torch."""
+    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+
+
 def seed_everything(seed: int | None = None) -> int:
     seed = settings.seed if seed is None else seed
     random.seed(seed)
@@ -65,7 +70,8 @@ def stderr_console():
 def log(message: str) -> None:
     """Informational line on stderr (silenced by -q)."""
     if not settings.quiet:
-        stderr_console().print(message, highlight=False)
+        # Not wrapped at the console width: a log line (with its paths) stays one line for grep and CI logs.
+        stderr_console().print(message, highlight=False, soft_wrap=True)
 
 
 def debug(message: str) -> None:

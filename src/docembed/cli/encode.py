@@ -19,7 +19,8 @@ def encode(
         "-",
         "--output",
         "-o",
-        help="Output file (.npy .npz .safetensors .parquet .jsonl); - is JSONL on stdout.",
+        help="Output file (.npy .npz .safetensors .parquet .jsonl); - is JSONL on stdout. "
+        "With --engine ray: a directory of Parquet shards.",
     ),
     model: str = common.MODEL,
     format: str = common.INPUT_FORMAT,
@@ -36,8 +37,65 @@ def encode(
     workers: int = typer.Option(
         None, "--workers", min=1, help="PV: inference processes (default: the model's)."
     ),
+    engine: str = typer.Option(
+        "local", "--engine", help="local (this process) | ray (Ray Data actors; -o is a directory of shards)."
+    ),
+    address: str = typer.Option(None, "--address", help="Ray: cluster address (default: a local instance)."),
+    num_workers: int = typer.Option(
+        None, "--num-workers", min=1, help="Ray: encoder actors, each loading the model once (default 1)."
+    ),
+    cpus_per_worker: float = typer.Option(
+        None, "--cpus-per-worker", min=0.01, help="Ray: CPUs (and torch threads) per actor (default 1)."
+    ),
+    gpus_per_worker: float = typer.Option(
+        None, "--gpus-per-worker", min=0, help="Ray: GPUs per actor; fractions share a GPU (default 0)."
+    ),
+    rows_per_shard: int = typer.Option(
+        None, "--rows-per-shard", min=1, help="Ray: input rows per output shard (default 10000)."
+    ),
 ) -> None:
-    """Embed every document of INPUT (one output row per input row, empty texts included)."""
+    """Embed every document of INPUT (one output row per input row, empty texts included).
+
+    With --engine ray, INPUT may also be Parquet (a file, a directory of files, or any URI pyarrow opens),
+    and -o DIR receives part-NNNNN.parquet shards plus manifest.json; a re-run skips the shards written."""
+    from docembed.errors import UsageError
+
+    ray_flags = {
+        "address": address,
+        "num_workers": num_workers,
+        "cpus_per_worker": cpus_per_worker,
+        "gpus_per_worker": gpus_per_worker,
+        "rows_per_shard": rows_per_shard,
+    }
+    if engine == "ray":
+        if shard:
+            raise UsageError("--shard is for the local engine; --engine ray shards by --rows-per-shard")
+        if workers is not None:
+            raise UsageError("--workers is for the local engine; with --engine ray use --num-workers")
+        if output_format not in (None, "parquet"):
+            raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
+        from docembed.engines.ray_engine import RayOptions, encode_with_ray
+
+        encode_with_ray(
+            input,
+            output,
+            model,
+            format=format,
+            id_field=id_field,
+            text_field=text_field,
+            skip_invalid=skip_invalid,
+            batch_size=batch_size,
+            ratio=ratio,
+            overwrite=overwrite,
+            options=RayOptions(**{k: v for k, v in ray_flags.items() if v is not None}),
+        )
+        return
+    if engine != "local":
+        raise typer.BadParameter(f"expected local or ray, got {engine!r}", param_hint="--engine")
+    given = [name for name, value in ray_flags.items() if value is not None]
+    if given:
+        raise UsageError(f"--{given[0].replace('_', '-')} needs --engine ray")
+
     from docembed.encoding import encode_documents
     from docembed.io.embeddings import check_output_path, save_embeddings
     from docembed.runtime import log

@@ -103,11 +103,11 @@ def train_distill(
     from pathlib import Path
 
     from docembed.errors import UsageError
-    from docembed.models.registry import load_model, models_home
+    from docembed.models.registry import models_home
     from docembed.models.student import StudentEncoder, convert_long
     from docembed.runtime import log, resolve_device, seed_everything, settings
-    from docembed.training.distill_recipe import DistillRecipe, DistillSettings, TeacherCache, depth_weights
-    from docembed.training.loop import TrainConfig, train
+    from docembed.training.distill_recipe import DistillRecipe, DistillSettings, TeacherCache
+    from docembed.training.loop import TrainConfig, is_main_process, main_process_first, train
 
     seed_everything()  # torch is imported now: seed the model's initialisation too
 
@@ -140,48 +140,11 @@ def train_distill(
 
     cache = TeacherCache(cache_dir or models_home() / "cache" / "teachers")
     sbert_vectors = sbert_weights = pv_vectors = None
-    if "sbert" in teachers:
-        sbert = load_model(sbert_model, device=device)
-        if not hasattr(sbert, "tokenizer") or not hasattr(sbert, "max_seq_length"):
-            raise UsageError(f"--sbert-model {sbert_model!r} is not an SBERT model")
-        sbert_vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
-        sbert_weights = depth_weights(sbert, texts, depth_weight)
-        log(
-            f"depth loss applies to {int((sbert_weights > 0).sum())} of {len(texts)} documents "
-            f"(<= {sbert.max_seq_length} {sbert.name} tokens)"
-        )
-        del sbert
-    if "pv" in teachers:
-        if pv_model is None:
-            pv_model = str(out / "pv-teacher")
-            if not (Path(pv_model) / "config.json").exists():
-                log(
-                    f"no --pv-model: training a PV teacher ({pv_mode}, dim {pv_dim}) on {corpus} "
-                    f"-> {pv_model}"
-                )
-                from docembed.cli import app
-
-                args = [
-                    "--seed",
-                    str(settings.seed),
-                    *(["-q"] if settings.quiet else []),
-                    "train-pv",
-                    corpus,
-                    "-o",
-                    pv_model,
-                    "--mode",
-                    pv_mode,
-                    "--dim",
-                    str(pv_dim),
-                    "--workers",
-                    "1",
-                ]
-                if format:
-                    args += ["--format", format]
-                app(args, standalone_mode=False)
-        pv = load_model(pv_model)
-        pv_vectors = cache.vectors(pv, texts, label=f"pv teacher ({pv.name})")
-        del pv
+    with main_process_first(device):  # under torchrun, rank 0 fills the cache and the others read it
+        if "sbert" in teachers:
+            sbert_vectors, sbert_weights = _sbert_teacher(cache, sbert_model, texts, depth_weight, device)
+        if "pv" in teachers:
+            pv_model, pv_vectors = _pv_teacher(cache, pv_model, texts, out, corpus, format, pv_mode, pv_dim)
 
     recipe = DistillRecipe(
         model,
@@ -221,6 +184,8 @@ def train_distill(
             time_budget_s=time_budget,
         ),
     )
+    if not is_main_process():
+        return
     (out / "distill.json").write_text(
         json.dumps(
             {
@@ -238,6 +203,48 @@ def train_distill(
         f"trained student: {summary['steps']} steps in {summary['seconds']}s "
         f"({summary['tokens_per_s']} tokens/s) -> {out}"
     )
+
+
+def _sbert_teacher(cache, sbert_model: str, texts: list[str], depth_weight: float, device: str):
+    """The depth teacher's vectors of `texts` (cached) and each text's depth-loss weight lambda(x)."""
+    from docembed.errors import UsageError
+    from docembed.models.registry import load_model
+    from docembed.runtime import log
+    from docembed.training.distill_recipe import depth_weights
+
+    sbert = load_model(sbert_model, device=device)
+    if not hasattr(sbert, "tokenizer") or not hasattr(sbert, "max_seq_length"):
+        raise UsageError(f"--sbert-model {sbert_model!r} is not an SBERT model")
+    vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
+    weights = depth_weights(sbert, texts, depth_weight)
+    log(
+        f"depth loss applies to {int((weights > 0).sum())} of {len(texts)} documents "
+        f"(<= {sbert.max_seq_length} {sbert.name} tokens)"
+    )
+    return vectors, weights
+
+
+def _pv_teacher(cache, pv_model: str | None, texts: list[str], out, corpus: str, format, mode: str, dim: int):
+    """The breadth teacher's path and its vectors of `texts` (cached). Without --pv-model, a PV teacher is
+    first trained on CORPUS into OUTPUT/pv-teacher (kept, so a resumed run reuses it)."""
+    from pathlib import Path
+
+    from docembed.models.registry import load_model
+    from docembed.runtime import log, settings
+
+    if pv_model is None:
+        pv_model = str(out / "pv-teacher")
+        if not (Path(pv_model) / "config.json").exists():
+            log(f"no --pv-model: training a PV teacher ({mode}, dim {dim}) on {corpus} -> {pv_model}")
+            from docembed.cli import app
+
+            args = ["--seed", str(settings.seed), *(["-q"] if settings.quiet else [])]
+            args += ["train-pv", corpus, "-o", pv_model, "--mode", mode, "--dim", str(dim), "--workers", "1"]
+            if format:
+                args += ["--format", format]
+            app(args, standalone_mode=False)
+    pv = load_model(pv_model)
+    return pv_model, cache.vectors(pv, texts, label=f"pv teacher ({pv.name})")
 
 
 def _output_dir(output: str, overwrite: bool):

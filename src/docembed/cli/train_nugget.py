@@ -62,7 +62,7 @@ def train_nugget(
     from docembed.errors import UsageError
     from docembed.models.nugget import NuggetConfig, NuggetEncoder
     from docembed.runtime import log, seed_everything, settings
-    from docembed.training.loop import TrainConfig, train
+    from docembed.training.loop import TrainConfig, is_main_process, train
     from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
 
     seed_everything()  # torch is imported now: seed the model's initialisation too
@@ -108,6 +108,8 @@ def train_nugget(
             time_budget_s=time_budget,
         ),
     )
+    if not is_main_process():  # rank 0 alone reports under torchrun
+        return
     log(
         f"trained {summary['steps']} steps in {summary['seconds']} s ({summary['tokens_per_s']} tokens/s), "
         f"last loss {summary['last'].get('loss', float('nan')):.4f} -> {output}"

@@ -55,8 +55,14 @@ def train_pv(
 
     from docembed.errors import UsageError
     from docembed.models.paragraph_vector import PVConfig, train_paragraph_vectors
-    from docembed.runtime import log, settings
+    from docembed.runtime import log, settings, torchrun_rank
 
+    rank, world_size = torchrun_rank()
+    if world_size > 1 and rank != 0:
+        # gensim trains with worker threads inside one process (--workers), not with DDP: under torchrun
+        # rank 0 does the whole job and the other ranks have nothing to do.
+        log(f"train-pv: rank {rank} of {world_size} idle (gensim trains in one process; rank 0 trains)")
+        return
     if corpus == "-":
         raise UsageError("train-pv reads its corpus several times: give a file, not stdin")
     out = Path(output)

@@ -55,7 +55,7 @@ def train_quickthoughts(
     from docembed.io.readers import DocumentReader
     from docembed.models.quickthoughts import QuickThoughtsConfig
     from docembed.runtime import log, seed_everything, settings
-    from docembed.training.loop import TrainConfig, train
+    from docembed.training.loop import TrainConfig, is_main_process, train
     from docembed.training.quickthoughts_recipe import QuickThoughtsRecipe, SentenceCorpus, initial_embeddings
 
     def texts():
@@ -105,6 +105,8 @@ def train_quickthoughts(
         time_budget_s=time_budget,
     )
     summary = train(recipe, train_config)
+    if not is_main_process():  # rank 0 alone writes and reports under torchrun
+        return
     summary["corpus"] = {
         "sources": corpus,
         "max_docs": max_docs,

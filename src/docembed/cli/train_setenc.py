@@ -52,7 +52,7 @@ def train_setenc(
     from docembed.errors import CorruptModelError, UsageError
     from docembed.models.set_encoder import SetEncoderConfig
     from docembed.runtime import log, seed_everything, settings
-    from docembed.training.loop import TrainConfig, train
+    from docembed.training.loop import TrainConfig, is_main_process, train
     from docembed.training.setenc_recipe import SetEncoderRecipe
 
     seed_everything()  # torch is imported now: seed everything the run draws
@@ -103,6 +103,8 @@ def train_setenc(
         time_budget_s=time_budget,
     )
     summary = train(recipe, train_config)
+    if not is_main_process():  # rank 0 alone reports under torchrun
+        return
     last = summary.get("last", {})
     align, uniform = last.get("align", float("nan")), last.get("uniform", float("nan"))
     log(

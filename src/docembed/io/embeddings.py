@@ -6,6 +6,10 @@ document, as NUGGET or all-token SBERT produce) are stored flat: `vectors[total,
 vector came from). Both travel with `ids[n]` and a metadata dict (model, config hash, dim, normalized,
 docembed version) in every container: .npy (+ sidecars), .npz, .safetensors, .parquet, .jsonl.
 All writes are atomic: a temporary file in the same folder, renamed when complete.
+
+A *shard directory* (what `docembed encode --engine ray` writes) holds `part-00000.parquet`, ... - each one
+an ordinary .parquet embeddings file of a contiguous slice of the input - and `manifest.json`, which lists
+them in input order; `load_embeddings(DIR)` reads the whole directory back as one set.
 """
 
 from __future__ import annotations
@@ -24,6 +28,12 @@ from docembed.errors import DocembedError, UsageError
 
 OUTPUT_FORMATS = ("npy", "npz", "safetensors", "parquet", "jsonl")
 BINARY_FORMATS = ("npy", "npz", "safetensors", "parquet")
+MANIFEST_NAME = "manifest.json"
+
+
+def shard_file_name(index: int) -> str:
+    """The file name of shard `index` in a shard directory."""
+    return f"part-{index:05d}.parquet"
 
 
 @dataclass
@@ -275,6 +285,8 @@ def load_embeddings(path: str) -> EmbeddingSet:
     target = Path(path)
     if not target.exists():
         raise DocembedError(f"embeddings file not found: {path}")
+    if target.is_dir():
+        return load_embedding_shards(target)
     format = format_from_path(path)
     try:
         return {
@@ -348,7 +360,38 @@ def _load_parquet(target: Path) -> EmbeddingSet:
         return EmbeddingSet(MultiVectors(vectors, offsets - offsets[0], positions), ids, metadata)
     column = table.column("vector").combine_chunks()
     flat = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
-    return EmbeddingSet(flat.reshape(len(ids), -1), ids, metadata)
+    # the list size, not -1: a shard with no rows (every line skipped as invalid) still has a width
+    width = getattr(column.type, "list_size", -1)
+    return EmbeddingSet(flat.reshape(len(ids), width), ids, metadata)
+
+
+def load_embedding_shards(directory: str | Path) -> EmbeddingSet:
+    """Every shard of a shard directory, concatenated in input order (the order manifest.json lists them).
+    An unfinished directory is an error that says how to finish it."""
+    directory = Path(directory)
+    manifest_path = directory / MANIFEST_NAME
+    if not manifest_path.exists():
+        raise DocembedError(
+            f"{directory} is a directory without {MANIFEST_NAME}: not a docembed shard directory"
+        )
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        shards = manifest["shards"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DocembedError(f"cannot read {manifest_path}: {error}") from None
+    missing = [s["file"] for s in shards if s.get("status") != "done" or not (directory / s["file"]).exists()]
+    if missing:
+        raise DocembedError(
+            f"{directory} is incomplete: {len(missing)} of {len(shards)} shards not written "
+            f"(first: {missing[0]}); re-run the same `docembed encode --engine ray` command to finish it"
+        )
+    parts = [load_embeddings(str(directory / s["file"])) for s in shards]
+    non_empty = [p for p in parts if len(p)] or parts[:1]
+    if not non_empty:
+        raise DocembedError(f"{directory} lists no shards")
+    metadata = dict(non_empty[0].metadata, count=sum(len(p) for p in parts))
+    data = concat_vectors([p.data for p in non_empty])
+    return EmbeddingSet(data, [i for p in non_empty for i in p.ids], metadata)
 
 
 def _load_jsonl(target: Path) -> EmbeddingSet:

@@ -130,7 +130,7 @@ class DocumentReader:
                 if stop is not None and index >= stop:
                     break
                 try:
-                    yield self._parse(raw, index)
+                    yield self.parse_record(raw, index)
                 except InputFormatError:
                     if not self.skip_invalid:
                         raise
@@ -141,7 +141,9 @@ class DocumentReader:
             if handle is not sys.stdin.buffer:
                 handle.close()
 
-    def _parse(self, raw: bytes, index: int) -> Document:
+    def parse_record(self, raw: bytes, index: int) -> Document:
+        """One raw line (0-based `index` in the file) as a Document, or an InputFormatError. Public so the
+        Ray engine, which reads line ranges itself, applies exactly these id and text rules."""
         line_number = index + 1
         try:
             line = raw.decode("utf-8")

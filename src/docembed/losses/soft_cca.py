@@ -15,6 +15,11 @@ Phi_t = alpha * Phi_{t-1} + Sigma_batch and c_t = alpha * c_{t-1} + 1, normalise
 Sigma_batch = z^T z / B (z is already centred by the batch norm). Phi_{t-1} is history: detached, and
 updated only in training mode. Phi and c are buffers, so checkpoints keep them.
 
+Under DDP "the batch" is each rank's own batch: its batch norm statistics, its L2 term and its Sigma_batch
+(through which its gradient flows). The history is shared: Phi accumulates the mean of the ranks' batch
+covariances (one all_reduce per step), so it is identical on every rank and a checkpoint holds the
+covariance of everything the step saw.
+
 A batch of one has no batch statistics: the loss is then zero (still attached to the graph, so backward
 works), the running covariance is left alone, and a warning is logged once.
 
@@ -84,6 +89,8 @@ class SoftCCALoss(nn.Module):
                 loss = ((zs - zt) ** 2).mean()
                 return {"loss": loss, "l2": loss.detach(), "decorrelation": torch.zeros_like(loss).detach()}
             if len(zs) < 2:
+                if self.training and self.objective == "soft-cca":
+                    self._update_history(None, None)  # under DDP the other ranks wait for this one
                 if not self._warned:
                     warnings.warn(
                         "Soft CCA needs a batch of at least 2; a batch of 1 adds no breadth loss",
@@ -96,9 +103,11 @@ class SoftCCALoss(nn.Module):
                 return self._batch_cca(zs, zt)
             zs, zt = self._normalise(zs), self._normalise(zt)
             l2 = ((zs - zt) ** 2).mean()
-            decorrelation = self._decorrelation(zs, "phi_student") + self._decorrelation(zt, "phi_teacher")
+            cov_s, cov_t = zs.T @ zs / len(zs), zt.T @ zt / len(zt)
+            decorrelation = self._decorrelation(cov_s, self.phi_student)
+            decorrelation = decorrelation + self._decorrelation(cov_t, self.phi_teacher)
             if self.training:
-                self.count.mul_(self.alpha).add_(1.0)
+                self._update_history(cov_s.detach(), cov_t.detach())
             return {
                 "loss": l2 + self.decorrelation_weight * decorrelation,
                 "l2": l2.detach(),
@@ -111,17 +120,36 @@ class SoftCCALoss(nn.Module):
         var = z.var(0, unbiased=False, keepdim=True)
         return (z - mean) / torch.sqrt(var + self.eps)
 
-    def _decorrelation(self, z: torch.Tensor, buffer: str) -> torch.Tensor:
-        phi = getattr(self, buffer)
-        batch_cov = z.T @ z / len(z)
+    def _decorrelation(self, batch_cov: torch.Tensor, phi: torch.Tensor) -> torch.Tensor:
+        """Mean |off-diagonal| of the running covariance (alpha * Phi_{t-1} + Sigma_batch) / c_t."""
         running = self.alpha * phi.detach() + batch_cov
         normalised = running / (self.alpha * self.count + 1.0)
         k = len(normalised)
         off_diagonal = normalised - torch.diag(torch.diagonal(normalised))
-        if self.training:
-            with torch.no_grad():
-                phi.copy_(running.detach())
         return off_diagonal.abs().sum() / max(k * (k - 1), 1)
+
+    @torch.no_grad()
+    def _update_history(self, cov_s: torch.Tensor | None, cov_t: torch.Tensor | None) -> None:
+        """Phi_t = alpha * Phi_{t-1} + Sigma_batch and c_t = alpha * c_{t-1} + 1. Under DDP, Sigma_batch is
+        the mean of the ranks' batch covariances (ranks with a batch of one contribute nothing), so the
+        history is the same on every rank and covers all the data of the step."""
+        import torch.distributed as dist
+
+        k = len(self.phi_student)
+        contributed = self.count.new_tensor(0.0 if cov_s is None else 1.0)
+        if cov_s is None:
+            cov_s, cov_t = self.phi_student.new_zeros(k, k), self.phi_teacher.new_zeros(k, k)
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            packed = torch.cat([cov_s.flatten(), cov_t.flatten(), contributed.view(1)])
+            dist.all_reduce(packed)
+            contributed = packed[-1]
+            cov_s, cov_t = packed[: k * k].view(k, k), packed[k * k : 2 * k * k].view(k, k)
+            if contributed > 0:
+                cov_s, cov_t = cov_s / contributed, cov_t / contributed
+        if contributed > 0:
+            self.phi_student.mul_(self.alpha).add_(cov_s)
+            self.phi_teacher.mul_(self.alpha).add_(cov_t)
+            self.count.mul_(self.alpha).add_(1.0)
 
     def _batch_cca(self, zs: torch.Tensor, zt: torch.Tensor) -> dict[str, torch.Tensor]:
         """Minus the mean canonical correlation of the batch: the singular values of

@@ -5,7 +5,9 @@ The same code runs on one device and under `torchrun --nproc_per_node N`:
 - A recipe yields the *global* sequence of batches for an epoch, identical on every rank (it is seeded
   by seed + epoch); rank r trains on batches r, r + N, r + 2N, ... So each method's batching rules
   (QuickThoughts' runs of consecutive sentences, length buckets) hold under DDP unchanged, and "the batch"
-  that a batch-dependent loss sees (Soft CCA's covariance, uniformity) is the per-rank batch.
+  that a batch-dependent loss sees (Soft CCA's batch statistics, uniformity, in-batch negatives) is the
+  per-rank batch; an optimizer step consumes N global batches. A last group of fewer than N batches is
+  dropped (every rank takes the same number of steps), and a time budget stops all ranks together.
 - The checkpoint records how many global batches of the current epoch are done, so a run can resume
   with a different number of ranks.
 - Only rank 0 writes checkpoints, the log and the final model; logged losses are averaged over ranks.
@@ -19,7 +21,7 @@ import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from docembed.runtime import log, progress_bar, resolve_device
+from docembed.runtime import log, progress_bar, resolve_device, torchrun_rank
 
 
 @dataclass
@@ -96,11 +98,8 @@ class DistEnv:
 
     @classmethod
     def from_environ(cls) -> DistEnv:
-        return cls(
-            int(os.environ.get("RANK", 0)),
-            int(os.environ.get("WORLD_SIZE", 1)),
-            int(os.environ.get("LOCAL_RANK", 0)),
-        )
+        rank, world_size = torchrun_rank()
+        return cls(rank, world_size, int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def _setup_distributed(device: str) -> tuple[DistEnv, str]:
@@ -115,6 +114,29 @@ def _setup_distributed(device: str) -> tuple[DistEnv, str]:
         if not dist.is_initialized():
             dist.init_process_group(backend=backend)
     return env, device
+
+
+def is_main_process() -> bool:
+    """False on every torchrun rank but 0 (which alone writes models, logs and summaries)."""
+    return DistEnv.from_environ().is_main
+
+
+@contextmanager
+def main_process_first(device: str = "cpu") -> Iterator[DistEnv]:
+    """Run a block on rank 0 first and on the other ranks after it: work whose result lands on disk
+    (a teacher's vectors in the cache, a PV teacher) is then done once, and the other ranks find it there.
+    Starts the process group early when the command runs under torchrun; one process just runs the block."""
+    env, _ = _setup_distributed(device)
+    if env.world_size == 1:
+        yield env
+        return
+    import torch.distributed as dist
+
+    if not env.is_main:
+        dist.barrier()
+    yield env
+    if env.is_main:
+        dist.barrier()
 
 
 def _autocast(device: str, amp: str):
@@ -226,10 +248,7 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
         while epoch < config.epochs and not stop:
             window = {"units": 0, "t0": time.perf_counter(), "sums": {}, "n": 0}
             micro = 0
-            for index, batch in enumerate(_skip(recipe.batches(epoch), done_in_epoch)):
-                global_index = done_in_epoch + index
-                if global_index % env.world_size != env.rank:
-                    continue
+            for group_end, batch in _own_batches(recipe.batches(epoch), done_in_epoch, env):
                 batch = recipe.to_device(batch, device)
                 # Skip the gradient all-reduce on accumulation micro-steps (no_sync), as DDP intends.
                 sync = (micro + 1) % config.grad_accum == 0
@@ -263,12 +282,14 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                 optimizer.zero_grad(set_to_none=True)
                 step += 1
                 bar.advance()
-                position = {"step": step, "epoch": epoch, "batches_done_in_epoch": global_index + 1}
+                position = {"step": step, "epoch": epoch, "batches_done_in_epoch": group_end + 1}
                 if step % config.log_every == 0:
                     last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
                 if env.is_main and step % config.save_every == 0:
                     checkpoint.save(module, optimizer, position)
-                out_of_time = config.time_budget_s and time.perf_counter() - started > config.time_budget_s
+                out_of_time = bool(config.time_budget_s) and _any_rank(
+                    time.perf_counter() - started > config.time_budget_s, env, device
+                )
                 if (config.max_steps and step >= config.max_steps) or out_of_time:
                     stop = True
                     break
@@ -304,10 +325,34 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
     return summary
 
 
-def _skip(batches: Iterable[Any], n: int) -> Iterator[Any]:
-    for i, batch in enumerate(batches):
-        if i >= n:
-            yield batch
+def _own_batches(batches: Iterable[Any], done: int, env: DistEnv) -> Iterator[tuple[int, Any]]:
+    """This rank's share of an epoch's global batches, from global index `done` on, as (index of the last
+    batch of its group, batch). The batches after `done` form groups of `world_size`; rank r takes the r-th
+    of each group. A trailing group of fewer than `world_size` batches is dropped on every rank: all ranks
+    then take the same number of steps (a rank with one step more would wait forever in the gradient
+    all-reduce). Groups start at `done`, so a run resumed with another number of ranks stays in step."""
+    n = env.world_size
+    mine = None
+    for index, batch in enumerate(batches):
+        if index < done:
+            continue
+        slot = (index - done) % n
+        if slot == env.rank:
+            mine = batch
+        if slot == n - 1:
+            yield index, mine
+            mine = None
+
+
+def _any_rank(flag: bool, env: DistEnv, device: str) -> bool:
+    """True on every rank when `flag` is true on any: a decision to stop must be the same everywhere."""
+    if env.world_size == 1:
+        return flag
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
 
 
 def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dict[str, float]:

@@ -1,0 +1,1 @@
+"""Execution engines for `docembed encode` besides the in-process one (docembed.encoding)."""
