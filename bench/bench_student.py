@@ -111,15 +111,17 @@ def _read(path: Path) -> list[dict]:
 
 
 # --- models -------------------------------------------------------------------------------------------
+# The distilled students are RUNS/<prefix>sbert, <prefix>pv, <prefix>both (--students PREFIX).
+STUDENT_PREFIX = "student-"
+
+
 def model_specs() -> dict[str, str]:
     return {
         "student-before": str(RUNS / "student-before"),
         "sbert (teacher)": "sbert",
         "sbert-chunked-256": "sbert-chunked",
         "pv (teacher)": str(RUNS / "student-pv-teacher"),
-        "student-sbert": str(RUNS / "student-sbert"),
-        "student-pv": str(RUNS / "student-pv"),
-        "student-both": str(RUNS / "student-both"),
+        **{f"student-{t}": str(RUNS / f"{STUDENT_PREFIX}{t}") for t in ("sbert", "pv", "both")},
     }
 
 
@@ -317,11 +319,12 @@ def throughput(out_dir: Path, full: bool, student_dir: Path) -> dict:
 
 def training_speed() -> dict:
     out = {}
-    for name in ("student-sbert", "student-pv", "student-both"):
-        summary = RUNS / name / "train_summary.json"
+    for teacher in ("sbert", "pv", "both"):
+        summary = RUNS / f"{STUDENT_PREFIX}{teacher}" / "train_summary.json"
         if summary.exists():
             data = json.loads(summary.read_text())
-            out[name] = {k: data.get(k) for k in ("steps", "seconds", "tokens_per_s", "last")}
+            out[f"student-{teacher}"] = {k: data.get(k) for k in ("steps", "seconds", "tokens_per_s", "last")}
+            out[f"student-{teacher}"]["model"] = str(summary.parent.relative_to(ROOT))
     return out
 
 
@@ -362,9 +365,11 @@ if __name__ == "__main__":
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--parts", default="quality,throughput,training")
+    parser.add_argument("--students", default=STUDENT_PREFIX, help="Folder prefix of the students in runs/.")
     parser.add_argument("--prepare-only", action="store_true")
     parser.add_argument("--only", default=None, help="Comma-separated model names (embeddings are cached).")
     args = parser.parse_args()
+    STUDENT_PREFIX = args.students  # module scope: model_specs() and training_speed() read it
     if args.prepare_only:
         print(prepare(DATA, args.full))
     else:

@@ -120,9 +120,10 @@ def test_hashing_is_stable_and_uses_several_buckets():
     assert all(0 <= b < 1000 for b in hasher("hello")) and len(hasher("hello")) == 2
 
 
-def test_encoder_is_permutation_invariant_and_normalised():
+@pytest.mark.parametrize("attention", ["softmax", "kernel"])
+def test_encoder_is_permutation_invariant_and_normalised(attention):
     torch.manual_seed(0)
-    model = SetEncoder(SetEncoderConfig(**TINY))
+    model = SetEncoder(SetEncoderConfig(**TINY, attention=attention))
     text = "the cat sat on the mat while the dog barked at a passing car"
     words = text.split()
     shuffled = " ".join(words[i] for i in np.random.default_rng(0).permutation(len(words)))
@@ -139,6 +140,19 @@ def test_encoder_is_permutation_invariant_and_normalised():
     b = pack([(bag[0][perm], bag[1][perm])])
     with torch.no_grad():
         torch.testing.assert_close(model.network(**a), model.network(**b), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["softmax", "kernel"])
+def test_a_token_seen_c_times_weighs_as_c_copies_in_bag_mode(attention):
+    torch.manual_seed(0)
+    model = SetEncoder(SetEncoderConfig(**TINY, counts="bag", attention=attention))
+    buckets, counts = model.bag("apple apple apple banana cherry")
+    assert sorted(counts.tolist()) == [1, 1, 3]
+    copies = np.repeat(np.arange(len(counts)), counts.astype(int))  # each token as `count` separate slots
+    with torch.no_grad():
+        counted = model.network(**pack([(buckets, counts)], "bag"))
+        repeated = model.network(**pack([(buckets[copies], np.ones(len(copies), np.float32))], "bag"))
+    torch.testing.assert_close(counted, repeated, atol=1e-5, rtol=1e-5)
 
 
 def test_bag_counts_matter_and_set_mode_ignores_them():

@@ -12,6 +12,9 @@
   attention over the c copies. (On 20 Newsgroups the two scored alike in short pilots; set is the default.)
   A learned "null" slot (a key score and a value per head) is always present, so an empty document attends
   to it alone and still gets a well-defined vector.
+  `attention="kernel"` replaces softmax's exp(s) by the positive feature map elu(s) + 1 (linear, "kernelized"
+  attention): the weights grow linearly, not exponentially, with the score, so a document's vector averages
+  over more of its words (in bag mode a token seen c times weighs c (elu(s) + 1), again exactly c copies).
 - Training: `docembed train-setenc` (training/setenc_recipe.py), alignment + uniformity on two random
   halves of each document; no labels, no negatives.
 """
@@ -44,8 +47,14 @@ class SetEncoderConfig(EncoderConfig):
     max_tokens: int = 4096  # distinct tokens kept per document (the most frequent; order-free)
     hash_seed: int = 0
     lowercase: bool = True
+    token_norm: bool = True  # layer-normalise each token vector (scale-free word vectors)
+    # softmax | kernel (weights elu(score) + 1, normalised: flatter). train-setenc picks kernel; the
+    # dataclass keeps softmax because configs saved before the option existed were softmax models.
+    attention: str = "softmax"
 
     def __post_init__(self):
+        if self.attention not in ("softmax", "kernel"):
+            raise CorruptModelError(f"setenc attention must be 'softmax' or 'kernel', got {self.attention!r}")
         if self.counts not in ("bag", "set"):
             raise CorruptModelError(f"setenc counts must be 'bag' or 'set', got {self.counts!r}")
         if self.dim % self.heads:
@@ -161,9 +170,10 @@ def _build_network(config: SetEncoderConfig):
         def __init__(self, c: SetEncoderConfig):
             super().__init__()
             self.heads, self.head_dim, self.word_dim = c.heads, c.dim // c.heads, c.word_dim
+            self.kernel = c.attention == "kernel"
             self.embedding = nn.Embedding(c.num_buckets, c.word_dim)
             nn.init.normal_(self.embedding.weight, std=1.0 / math.sqrt(c.num_hashes))
-            self.token_norm = nn.LayerNorm(c.word_dim)
+            self.token_norm = nn.LayerNorm(c.word_dim) if c.token_norm else nn.Identity()
             self.keys = nn.Linear(c.word_dim, c.dim)
             self.values = nn.Linear(c.word_dim, c.dim)
             self.query = nn.Parameter(torch.randn(c.heads, self.head_dim) / math.sqrt(self.head_dim))
@@ -188,9 +198,17 @@ def _build_network(config: SetEncoderConfig):
             folded = torch.einsum("hd,hdw->hw", self.query, key_weight) / math.sqrt(hd)
             offset = (self.query * self.keys.bias.view(h, hd)).sum(-1) / math.sqrt(hd)
             scores = tokens @ folded.T + offset + log_counts.unsqueeze(-1)  # (B, U, H)
-            scores = scores.masked_fill(~mask.unsqueeze(-1), float("-inf"))
             scores = torch.cat([self.null_score.expand(b, 1, h), scores], dim=1)
-            weights = torch.softmax(scores, dim=1)  # (B, 1 + U, H); the null slot keeps it finite
+            slots = torch.cat([mask.new_ones(b, 1), mask], dim=1).unsqueeze(-1)  # the null slot is always on
+            if self.kernel:
+                # Linear ("kernelized") attention: positive features elu(s) + 1 instead of exp(s). A token
+                # seen c times weighs c * phi(s) (log c was added to s only for softmax's sake).
+                counts = torch.cat([log_counts.new_zeros(b, 1), log_counts], dim=1).exp().unsqueeze(-1)
+                phi = (F.elu(scores - counts.log()) + 1) * counts * slots
+                weights = phi / phi.sum(dim=1, keepdim=True)
+            else:
+                weights = torch.softmax(scores.masked_fill(~slots, float("-inf")), dim=1)
+            # weights: (B, 1 + U, H); the null slot keeps them finite for an empty document
             null_weight, token_weights = weights[:, 0], weights[:, 1:]
             pooled_words = torch.einsum("buh,buw->bhw", token_weights, tokens)  # (B, H, word_dim)
             value_weight = self.values.weight.view(h, hd, w)

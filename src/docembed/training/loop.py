@@ -74,6 +74,9 @@ class Recipe(ABC):
 
     def to_device(self, batch: Any, device: str) -> Any:
         if isinstance(batch, torch.Tensor):
+            if device.startswith("cuda") and batch.device.type == "cpu":
+                # A page-locked copy lets the host-to-device copy run asynchronously (non_blocking).
+                batch = batch.pin_memory()
             return batch.to(device, non_blocking=True)
         if isinstance(batch, dict):
             return {k: self.to_device(v, device) for k, v in batch.items()}
