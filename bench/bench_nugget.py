@@ -2,7 +2,7 @@
 document), reconstruction BLEU from the nuggets, nugget token statistics, encode throughput relative to
 the plain encoder, and the training run's tokens/s.
 
-    python bench/bench_nugget.py --out bench/results/nugget [--model runs/nugget-minilm] [--full]
+    python bench/bench_nugget.py --out bench/results/nugget [--model runs/nugget-pi-mt] [--full]
     python bench/bench_nugget.py --make-pairs runs/pi_train_pairs.jsonl   # the training data (see below)
 
 Training data of the measured model: paraphrase pairs of the PI *train* split (task source -> gold
@@ -29,7 +29,7 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 RATIOS = (0.05, 0.1, 0.25)
 QUICK_QUERIES = 256  # quick mode: a seeded subset of the 1,024 PI dev queries (the harness's --limit)
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "runs" / "nugget-minilm"
+DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "runs" / "nugget-pi-mt"
 
 
 def write_pi_pairs(path: Path, split: str = "train") -> int:

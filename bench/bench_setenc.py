@@ -17,8 +17,9 @@ Models: the set encoder from `SETENC_MODEL` (default runs/setenc-20ng-final), el
 20newsgroups/train with the train-setenc defaults and --t 2 (at most 20 minutes; the measured model is
 `docembed --seed 0 train-setenc 20newsgroups/train -o runs/setenc-20ng-final --t 2`, 10 epochs in ~2 min);
 PV from `PV_MODEL` (default runs/pv-20ng), else trained here: `docembed train-pv` PV-DBOW, 300-d,
---no-dbow-words, 20 epochs (quick: 5), one worker; tfidf fitted on 20newsgroups/train by the harness; glove-avg as shipped. Quick mode (default)
-evaluates a stratified 2,000 test and train posts; full=True the whole splits. The four models are evaluated
+--no-dbow-words, 20 epochs (quick: 5), one worker; tfidf fitted on 20newsgroups/train by the harness;
+glove-avg as shipped. Quick mode (default) evaluates a stratified 2,000 test and train posts; full=True the
+whole splits. The four models are evaluated
 in parallel processes (one thread each), then timed one at a time.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_setenc.py [--full] [--out DIR]

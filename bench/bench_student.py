@@ -13,6 +13,20 @@ is the process' peak RSS while encoding (Linux VmHWM, reset once the weights are
 before, measured in a fresh subprocess per point.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_student.py --full   # writes bench/results/student.json
+
+The measured students (one CPU thread each; 113 steps = what the sbert-only run reached in 20 minutes):
+
+    export OMP_NUM_THREADS=1
+    .venv/bin/python bench/bench_student.py --prepare-only --full    # runs/student-data: seeded subsets
+    .venv/bin/docembed train-pv runs/student-data/pv-corpus.jsonl -o runs/student-pv-teacher --mode dbow \
+        --dim 256 --epochs 10 --no-dbow-words --workers 1 --encode-workers 1   # all IMDB + 20NG train text
+    COMMON="runs/student-data/distill.jsonl --student sbert --max-length 1024 --attention-window 128 \
+        --batch-size 16 --lr 5e-5 --warmup-steps 5 --save-every 20 --cache-dir runs/student-cache"
+    CCA="--pv-model runs/student-pv-teacher --pv-projection linear --cca-dim 32"
+    docembed --seed 0 train-distill $COMMON -o runs/s2-student-sbert --teacher sbert --time-budget 1200
+    docembed --seed 0 train-distill $COMMON -o runs/s2-student-pv --teacher pv $CCA --max-steps 113
+    docembed --seed 0 train-distill $COMMON -o runs/s2-student-both --teacher sbert,pv $CCA --max-steps 113
+    .venv/bin/python bench/bench_student.py --full --students s2-student-
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def train_setenc(
     buckets: int = typer.Option(1 << 16, "--buckets", min=2, help="Rows of the hashed word-vector table."),
     hashes: int = typer.Option(2, "--hashes", min=1, max=8, help="Hashes (table rows summed) per token."),
     counts: str = typer.Option("set", "--counts", help="set (token counts ignored) | bag (they matter)."),
-    token_norm: bool = typer.Option(True, "--token-norm/--no-token-norm", help="Layer-normalise word vectors."),
+    token_norm: bool = typer.Option(True, "--token-norm/--no-token-norm", help="LayerNorm on word vectors."),
     attention: str = typer.Option("kernel", "--attention", help="kernel (elu + 1 features) | softmax."),
     log_every: int = typer.Option(10, "--log-every", min=1),
     save_every: int = typer.Option(500, "--save-every", min=1),

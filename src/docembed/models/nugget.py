@@ -34,12 +34,14 @@ no scorer), `feedback=False`, another `scorer_layer`.
 
 Training: `docembed train-nugget` (training/nugget_recipe.py). The offline model measured in
 bench/bench_nugget.py was trained on paraphrase pairs of the PI train split (task source -> gold
-candidate and the reverse, 2,042 pairs) on a shared 2-core CPU, for a 22-minute budget:
+candidate and the reverse, 2,042 pairs, 261k source tokens) for 3 epochs (768 steps, 34 minutes on one
+CPU thread):
 
     python bench/bench_nugget.py --make-pairs runs/pi_train_pairs.jsonl
-    OMP_NUM_THREADS=2 docembed --seed 0 train-nugget runs/pi_train_pairs.jsonl -o runs/nugget-minilm \
-        --objective mt --ratio 0.1 --max-length 128 --decoder-layers 3 --batch-size 8 --lr 1e-4 \
-        --log-every 2 --save-every 20 --time-budget 1320
+    OMP_NUM_THREADS=1 docembed --seed 0 train-nugget runs/pi_train_pairs.jsonl -o runs/nugget-pi-mt \
+        --objective mt --ratio 0.1 --max-length 128 --decoder-layers 3 --batch-size 8 --lr 5e-5 \
+        --warmup-steps 30 --epochs 3 --log-every 5 --save-every 100
+    python bench/bench_nugget.py --out bench/results/nugget --model runs/nugget-pi-mt --full --max-length 128
 """
 
 from __future__ import annotations
