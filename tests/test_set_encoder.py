@@ -265,6 +265,7 @@ def test_torchrun_two_ranks_uniformity_is_per_rank_and_resume_with_one(tmp_path)
     _corpus(corpus)
     out = tmp_path / "model"
     shape = ["--dim", "16", "--word-dim", "16", "--heads", "2", "--hidden", "16", "--buckets", "256"]
+    shape += ["--attention", "kernel"]
     args = ["--seed", "5", "-q", "train-setenc", str(corpus), "-o", str(out), "-b", "10", *shape]
     proc = torchrun(*args, "--epochs", "1", "--log-every", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -272,7 +273,7 @@ def test_torchrun_two_ranks_uniformity_is_per_rank_and_resume_with_one(tmp_path)
     assert summary["world_size"] == 2 and summary["steps"] == 3  # 6 global batches, 2 per step
     first = json.loads((out / "train_log.jsonl").read_text().splitlines()[0])
 
-    config = SetEncoderConfig(num_buckets=256, word_dim=16, heads=2, dim=16, hidden=16)
+    config = SetEncoderConfig(num_buckets=256, word_dim=16, heads=2, dim=16, hidden=16, attention="kernel")
     texts = [json.loads(line)["text"] for line in corpus.read_text().splitlines()]
     recipe = SetEncoderRecipe(texts, config, batch_size=10, seed=5)
     batches = recipe.batches(0)

@@ -1,8 +1,6 @@
 """The one shared training loop: optimisation, resume, accumulation, and DDP with two gloo processes."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -53,11 +51,10 @@ def test_non_finite_loss_stops_with_a_clear_error(tmp_path):
 
 def test_ddp_two_gloo_processes(tmp_path):
     """torchrun with 2 CPU ranks: each rank takes every other global batch, rank 0 alone writes."""
+    from cli_helpers import torchrun
+
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533"]
-    proc = subprocess.run(
-        [*cmd, str(HERE / "toy_recipe.py"), str(out), "2"], capture_output=True, text=True, timeout=240
-    )
+    proc = torchrun(out, "2", script=HERE / "toy_recipe.py", timeout=240)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((out / "train_summary.json").read_text())
     # 12 global batches per epoch split over 2 ranks: 6 optimizer steps per epoch on each rank
