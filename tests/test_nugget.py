@@ -358,16 +358,22 @@ def test_corpus_bleu_by_hand():
 # --- CLI ------------------------------------------------------------------------------------------------
 
 
-def test_cli_train_nugget_then_encode_and_inspect(tokenizer, tmp_path):
+def _save_tiny_bert(tokenizer, directory):
+    """A 3-layer tiny BERT with the MiniLM tokenizer, saved as a `--backbone` folder."""
     from transformers import BertConfig, BertModel
+
+    encoder_config, _ = bert_configs(layers=3)
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_dict(encoder_config)).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def test_cli_train_nugget_then_encode_and_inspect(tokenizer, tmp_path):
     from typer.testing import CliRunner
 
     from docembed.cli import app
 
-    encoder_config, _ = bert_configs(layers=3)
-    torch.manual_seed(0)
-    BertModel(BertConfig.from_dict(encoder_config)).save_pretrained(tmp_path / "tiny-bert")
-    tokenizer.save_pretrained(tmp_path / "tiny-bert")
+    _save_tiny_bert(tokenizer, tmp_path / "tiny-bert")
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(t or "empty" for t in TEXTS * 3) + "\n")
     runner = CliRunner()
@@ -441,15 +447,10 @@ def test_token_words_join_word_pieces_and_keep_punctuation(tokenizer):
 
 
 def test_train_nugget_under_torchrun_two_ranks(tokenizer, tmp_path):
-    from transformers import BertConfig, BertModel
-
     from cli_helpers import torchrun
     from docembed.models.registry import load_model
 
-    encoder_config, _ = bert_configs(layers=3)
-    torch.manual_seed(0)
-    BertModel(BertConfig.from_dict(encoder_config)).save_pretrained(tmp_path / "tiny-bert")
-    tokenizer.save_pretrained(tmp_path / "tiny-bert")
+    _save_tiny_bert(tokenizer, tmp_path / "tiny-bert")
     corpus = tmp_path / "docs.txt"
     corpus.write_text("\n".join(t or "empty" for t in TEXTS * 4) + "\n")
     out = tmp_path / "model"

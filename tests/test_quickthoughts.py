@@ -278,20 +278,26 @@ def test_training_learns_neighbours(tmp_path):
     assert "sentences/s" in log[-1]
 
 
-def test_cli_train_and_encode(tmp_path):
-    from typer.testing import CliRunner
-
-    from docembed.cli import app
-
-    rng = np.random.default_rng(1)
+def _review_corpus(tmp_path, seed: int):
+    """20 documents of 6 five-word sentences (JSONL) and a word2vec-format vectors file with a header."""
+    rng = np.random.default_rng(seed)
     words = ["good", "bad", "movie", "film", "plot", "actor", "great", "boring", "story", "scene"]
     corpus = tmp_path / "corpus.jsonl"
     with open(corpus, "w") as handle:
         for i in range(20):
             text = " ".join(" ".join(rng.choice(words, size=5)) + "." for _ in range(6))
             handle.write(json.dumps({"id": str(i), "text": text}) + "\n")
-    vectors = tmp_path / "vectors.txt"  # a word2vec-format file with a header line
+    vectors = tmp_path / "vectors.txt"
     vectors.write_text("3 4\ngood 1 0 0 0\nmovie 0 1 0 0\nplot 0 0 1 0\n")
+    return corpus, vectors
+
+
+def test_cli_train_and_encode(tmp_path):
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+
+    corpus, vectors = _review_corpus(tmp_path, seed=1)
     out = tmp_path / "qt"
     runner = CliRunner()
     result = runner.invoke(
@@ -343,15 +349,7 @@ def test_train_quickthoughts_under_torchrun_two_ranks(tmp_path):
     from cli_helpers import torchrun
     from docembed.models.registry import load_model
 
-    rng = np.random.default_rng(2)
-    words = ["good", "bad", "movie", "film", "plot", "actor", "great", "boring", "story", "scene"]
-    corpus = tmp_path / "corpus.jsonl"
-    with open(corpus, "w") as handle:
-        for i in range(20):
-            text = " ".join(" ".join(rng.choice(words, size=5)) + "." for _ in range(6))
-            handle.write(json.dumps({"id": str(i), "text": text}) + "\n")
-    vectors = tmp_path / "vectors.txt"
-    vectors.write_text("3 4\ngood 1 0 0 0\nmovie 0 1 0 0\nplot 0 0 1 0\n")
+    corpus, vectors = _review_corpus(tmp_path, seed=2)
     out = tmp_path / "qt"
     args = ["-q", "train-quickthoughts", corpus, "-o", out, "--vectors", vectors, "--hidden", "8"]
     args += ["--min-count", "1"]
