@@ -247,3 +247,30 @@ def test_ctrl_c_during_encode_leaves_no_output(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "interrupted" in err and "Traceback" not in err
     assert sorted(os.listdir(tmp_path)) == ["many.txt"]  # no output, no temp files
+
+
+def test_a_swallowed_ctrl_c_still_stops_encoding_at_the_next_chunk(monkeypatch):
+    """Python drops a KeyboardInterrupt raised inside a __del__ or a callback; the SIGINT handler also sets
+    a flag that the encode loop checks between chunks."""
+    from docembed import runtime
+    from docembed.encoding import encode_documents
+    from docembed.io.readers import Document
+
+    class Counting:
+        name = "counting"
+        calls = 0
+
+        def encode(self, texts, batch_size=32):
+            Counting.calls += 1
+            with pytest.raises(KeyboardInterrupt):
+                runtime.on_interrupt(signal.SIGINT, None)  # the interrupt lands here and is swallowed
+            return np.zeros((len(texts), 2), dtype=np.float32)
+
+        def metadata(self):
+            return {}
+
+    monkeypatch.setattr(runtime, "_interrupt_requested", False)
+    docs = (Document(str(i), "text") for i in range(10))
+    with pytest.raises(KeyboardInterrupt):
+        encode_documents(Counting(), docs, chunk_size=2)
+    assert Counting.calls == 1

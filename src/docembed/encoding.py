@@ -11,7 +11,7 @@ from docembed.errors import DocembedError
 from docembed.io.embeddings import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 from docembed.io.readers import Document, batched
 from docembed.models.base import Encoder
-from docembed.runtime import debug, progress_bar
+from docembed.runtime import debug, progress_bar, raise_if_interrupted
 
 
 def encode_documents(
@@ -27,6 +27,7 @@ def encode_documents(
     started = time.perf_counter()
     with progress_bar(f"encode [{model.name}]", total=total) as bar:
         for chunk in batched(documents, chunk_size):
+            raise_if_interrupted()
             parts.append(model.encode([doc.text for doc in chunk], batch_size=batch_size))
             ids.extend(doc.id for doc in chunk)
             bar.advance(len(chunk))

@@ -39,6 +39,23 @@ def resolve_device(device: str | None = None) -> str:
     return device
 
 
+_interrupt_requested = False
+
+
+def on_interrupt(signum, frame) -> None:
+    """SIGINT handler: remember the request, then raise KeyboardInterrupt as Python's own handler does.
+    A KeyboardInterrupt raised while Python runs a __del__ or a callback is printed and dropped, so the
+    long loops also call `raise_if_interrupted()` between chunks and steps: Ctrl-C is never lost."""
+    global _interrupt_requested
+    _interrupt_requested = True
+    raise KeyboardInterrupt
+
+
+def raise_if_interrupted() -> None:
+    if _interrupt_requested:
+        raise KeyboardInterrupt
+
+
 def torchrun_rank() -> tuple[int, int]:
     """(rank, world size) of this process under torchrun, (0, 1) otherwise; read without importing torch."""
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))

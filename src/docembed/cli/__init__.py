@@ -12,7 +12,7 @@ import sys
 import typer
 
 from docembed import __version__
-from docembed.runtime import settings
+from docembed.runtime import on_interrupt, settings
 
 app = typer.Typer(
     name="docembed",
@@ -98,6 +98,7 @@ def main() -> None:
     _quiet_libraries()
     # A scheduler's SIGTERM unwinds like Ctrl-C, so atomic writers remove their temporary files.
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, on_interrupt)
     try:
         code = app(standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C inside a command into exit code 130

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from docembed.runtime import log, progress_bar, resolve_device, torchrun_rank
+from docembed.runtime import log, progress_bar, raise_if_interrupted, resolve_device, torchrun_rank
 
 
 @dataclass
@@ -252,6 +252,7 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
             window = {"units": 0, "t0": time.perf_counter(), "sums": {}, "n": 0}
             micro = 0
             for group_end, batch in _own_batches(recipe.batches(epoch), done_in_epoch, env):
+                raise_if_interrupted()
                 batch = recipe.to_device(batch, device)
                 # Skip the gradient all-reduce on accumulation micro-steps (no_sync), as DDP intends.
                 sync = (micro + 1) % config.grad_accum == 0
