@@ -193,6 +193,22 @@ def test_seed_changes_inference(trained, probe_texts):
     assert not np.array_equal(other.encode(probe_texts[:2]), trained.encode(probe_texts[:2]))
 
 
+def test_pool_workers_drop_docembed_signal_handlers(trained):
+    """The pool stops its forked workers with SIGTERM; a worker that kept docembed's SIGTERM handler printed
+    "docembed: terminated" (in about half of the runs: a race with the pool's shutdown)."""
+    import signal
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: None)  # as docembed.cli.main installs one
+        pv._init_worker(trained, None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # Ctrl-C is the parent's to handle
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def test_two_processes_give_the_one_process_result(trained, probe_texts, monkeypatch, tmp_path):
     texts = probe_texts * 2  # 80 texts: enough for MIN_TEXTS_PER_WORKER with 2 workers
     single = trained.encode(texts)

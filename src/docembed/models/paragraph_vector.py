@@ -505,6 +505,12 @@ def _remove_later(directory: Path) -> Path:
 
 def _init_worker(encoder: ParagraphVectorEncoder | None, directory: str | None) -> None:
     global _worker_encoder
+    import signal
+
+    # Forked workers inherit docembed's SIGTERM handler, which reports "terminated" and unwinds a command;
+    # the pool ends its workers with SIGTERM, which must stay silent. Ctrl-C is the parent's to handle.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_encoder = encoder if encoder is not None else ParagraphVectorEncoder.load(directory)
     _worker_encoder.workers = 1
 
