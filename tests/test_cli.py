@@ -249,6 +249,33 @@ def test_ctrl_c_during_encode_leaves_no_output(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["many.txt"]  # no output, no temp files
 
 
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_sigterm_unwinds_alone_and_kills_at_once_under_torchrun(tmp_path, world_size):
+    """Alone, SIGTERM unwinds like Ctrl-C (exit 143, temporary files removed). Under torchrun the default
+    action stays: torchrun stops the other ranks with SIGTERM when one dies, and a rank blocked in a
+    collective (C++, where no Python handler runs) must die at once, not hang."""
+    src = tmp_path / "many.txt"
+    src.write_text("".join(f"a short document, number {i}\n" for i in range(50000)))
+    out = tmp_path / "out.npy"
+    env = dict(os.environ, WORLD_SIZE=world_size, RANK="1" if world_size == "2" else "0")
+    proc = subprocess.Popen(
+        [DOCEMBED, "-v", "encode", str(src), "-m", "glove-avg", "-o", str(out)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    for line in proc.stderr:
+        if "encoded chunk" in line:
+            break
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    if world_size == "1":
+        assert proc.returncode == 143 and "terminated" in err
+    else:
+        assert proc.returncode == -signal.SIGTERM and "terminated" not in err
+    assert not out.exists()
+
+
 def test_a_swallowed_ctrl_c_still_stops_encoding_at_the_next_chunk(monkeypatch):
     """Python drops a KeyboardInterrupt raised inside a __del__ or a callback; the SIGINT handler also sets
     a flag that the encode loop checks between chunks."""

@@ -12,7 +12,7 @@ import sys
 import typer
 
 from docembed import __version__
-from docembed.runtime import on_interrupt, settings
+from docembed.runtime import on_interrupt, settings, torchrun_rank
 
 app = typer.Typer(
     name="docembed",
@@ -96,8 +96,11 @@ def main() -> None:
         from click.exceptions import ClickException
 
     _quiet_libraries()
-    # A scheduler's SIGTERM unwinds like Ctrl-C, so atomic writers remove their temporary files.
-    signal.signal(signal.SIGTERM, _terminate)
+    # A scheduler's SIGTERM unwinds like Ctrl-C, so atomic writers remove their temporary files. Not under
+    # torchrun: when a rank dies, torchrun stops the others with SIGTERM, and a rank blocked in a collective
+    # (C++ code, where a Python handler never runs) must then die at once instead of hanging on.
+    if torchrun_rank()[1] == 1:
+        signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, on_interrupt)
     try:
         code = app(standalone_mode=False)
