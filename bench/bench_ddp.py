@@ -27,7 +27,7 @@ PYTHON = sys.executable
 
 def _train(out: pathlib.Path, ranks: int, epochs: int, batch: int) -> float:
     args = ["-q", "--seed", "0", "train-setenc", "20newsgroups/train", "-o", str(out)]
-    args += ["--epochs", str(epochs), "-b", str(batch), "--t", "2", "--log-every", "5"]
+    args += ["--epochs", str(epochs), "-b", str(batch), "--temperature", "2", "--log-every", "5"]
     if ranks == 1:
         cmd = [PYTHON, "-m", "docembed", *args]
     else:

@@ -1,18 +1,19 @@
-"""NUGGET benchmark: PI dev MRR at several ratios beside tfidf / sbert / sbert-tokens (with vectors per
-document), reconstruction BLEU from the nuggets, nugget token statistics, encode throughput relative to
-the plain encoder, and the training run's tokens/s.
+"""NUGGET benchmark (issue 14's table): PI dev MRR at r = 0.05 / 0.1 / 0.25, every model reading the same
+256 tokens, for the shipped NUGGET model, the other trained variants given with --variant, the untrained
+warm start, the rule-based chunk and IDF selectors, beside sbert-tokens (all token vectors), sbert and
+tfidf, with vectors per document; the same for the held-out PI *train* queries; what the shipped model
+picks (the paper's Figure 5); its encode time against the plain encoder's forward pass.
 
-    python bench/bench_nugget.py --out bench/results/nugget [--model runs/nugget-pi-mt] [--full]
-    python bench/bench_nugget.py --make-pairs runs/pi_train_pairs.jsonl   # the training data (see below)
+    python bench/bench_nugget.py --make-pairs runs/nugget_pairs.jsonl     # the training data
+    python bench/bench_nugget.py --out bench/results/nugget --model runs/nugget-zoo [--variant L=DIR ...]
 
-Training data of the measured model: paraphrase pairs of the PI *train* split (task source -> gold
-candidate, and the reverse), written by `--make-pairs`; see models/nugget.py for the training command.
-PI is scored by the evaluation harness (shuffled candidates, pessimistic ties). The transformer models
-(sbert, sbert-tokens, NUGGET) cut every document to the same `--max-length` tokens; tfidf sees whole
-documents. Quick mode (the default, sized for a shared 2-core CPU): a seeded subset of 256 of the 1,024
-dev queries (the harness's `limit`), 128 tokens, BLEU on 8 held-out documents, timing on 32. --full: all
-queries, 256 tokens, BLEU on 64 documents, plus the rule-based chunk selector and the untrained
-(warm-start) model at r = 0.1.
+Training data (`--make-pairs`): paraphrase pairs, both directions, from PI *train* (task source -> gold
+candidate) without the held-out queries, plus STS-B and SICK *train* pairs scored >= 4. The held-out
+check: the last 256 PI train queries, whose source and gold documents are never trained on. PI is scored
+by the evaluation harness (shuffled candidates, pessimistic ties), all 1,024 dev queries; tfidf sees whole
+documents. The IDF selector's table is fitted on the training text, as `train-nugget` fits the shipped
+model's. Reconstruction BLEU is measured only for a model trained with a decoder objective (ae / mt).
+The quick mode (`main(full=False)`, `make bench`) uses 256 dev queries.
 """
 
 from __future__ import annotations
@@ -27,34 +28,74 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+ROOT = Path(__file__).resolve().parents[1]
 RATIOS = (0.05, 0.1, 0.25)
+MAX_LENGTH = 256  # sbert-tokens' length; every transformer model here reads the same tokens
 QUICK_QUERIES = 256  # quick mode: a seeded subset of the 1,024 PI dev queries (the harness's --limit)
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "runs" / "nugget-pi-mt"
+DEFAULT_MODEL = ROOT / "runs" / "nugget-zoo"
+DEFAULT_PAIRS = ROOT / "runs" / "nugget_pairs.jsonl"
 
 
-def write_pi_pairs(path: Path, split: str = "train") -> int:
-    """JSON Lines {"source", "target"} paraphrase pairs from a PI split's tasks, both directions."""
+HELD_OUT_QUERIES = 256  # the last 256 PI *train* queries and their documents: never trained on
+STS_MIN_SCORE = {"senteval/stsb-train": 4.0, "senteval/sick-train": 4.0}  # STS-B 0-5, SICK 1-5
+
+
+def held_out_train_documents() -> set[str]:
+    """Ids of the source and gold documents of the held-out PI train queries. (Their other candidates are
+    drawn from the whole split, most of them the gold of some training pair: they stay in training.)"""
     from docembed import datasets
 
-    docs = {d.id: d.text for d in datasets.documents(f"paraphrase_identification/{split}/docs")}
-    written = 0
+    tasks = list(datasets.records("paraphrase_identification/train/task"))
+    return {i for t in tasks[-HELD_OUT_QUERIES:] for i in (t["source"], t["candidates"][t["answer"]])}
+
+
+def write_training_pairs(path: Path) -> dict[str, int]:
+    """JSON Lines {"source", "target"} paraphrase pairs, both directions: PI train (task source -> gold
+    candidate, the held-out queries' documents excluded), and the STS-B / SICK *train* pairs scored
+    >= 4. No PI dev text."""
+    from docembed import datasets
+
+    docs = {d.id: d.text for d in datasets.documents("paraphrase_identification/train/docs")}
+    held_out = held_out_train_documents()
+    pairs: dict[str, list[tuple[str, str]]] = {"pi_train": []}
+    for task in datasets.records("paraphrase_identification/train/task"):
+        source, gold = task["source"], task["candidates"][task["answer"]]
+        if source in held_out or gold in held_out or not docs[source].strip() or not docs[gold].strip():
+            continue
+        pairs["pi_train"].append((docs[source], docs[gold]))
+    for name, minimum in STS_MIN_SCORE.items():
+        pairs[name] = [(r["s1"], r["s2"]) for r in datasets.records(name) if r["score"] >= minimum]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
-        for task in datasets.records(f"paraphrase_identification/{split}/task"):
-            source, gold = docs[task["source"]], docs[task["candidates"][task["answer"]]]
-            if source.strip() and gold.strip():
-                for a, b in ((source, gold), (gold, source)):
-                    out.write(json.dumps({"source": a, "target": b}, ensure_ascii=False) + "\n")
-                    written += 1
-    return written
+        for rows in pairs.values():
+            for a, b in rows:
+                for source, target in ((a, b), (b, a)):
+                    out.write(json.dumps({"source": source, "target": target}, ensure_ascii=False) + "\n")
+    return {name: len(rows) for name, rows in pairs.items()}
 
 
-def _pi(model, label: str, results: dict, limit: int | None, max_length: int | None = None) -> None:
+def _evaluator(split: str, limit: int | None):
     from docembed.evaluation import EvalOptions, get_evaluator
+
+    if split == "dev":
+        return get_evaluator("paraphrase-identification", EvalOptions(limit=limit))
+    evaluator = get_evaluator("paraphrase-identification-train", EvalOptions())
+    load = evaluator._load
+
+    def held_out():  # the last HELD_OUT_QUERIES train queries only
+        docs, queries = load()
+        return docs, queries[-HELD_OUT_QUERIES:]
+
+    evaluator._load = held_out
+    return evaluator
+
+
+def _pi(model, label: str, table: dict, split: str, limit: int | None) -> dict:
     from docembed.evaluation.base import cached_encode
+    from docembed.evaluation.tasks import _subset
 
     started = time.perf_counter()
-    evaluator = get_evaluator("paraphrase-identification", EvalOptions(limit=limit))
+    evaluator = _evaluator(split, limit)
     result = evaluator.run(model)
     row = {
         "mrr": round(result.score, 2),
@@ -63,154 +104,328 @@ def _pi(model, label: str, results: dict, limit: int | None, max_length: int | N
         "seconds": round(time.perf_counter() - started, 1),
     }
     if getattr(model, "multi_vector", False):
-        texts = _pi_texts(evaluator)
+        docs, queries = evaluator._load()
+        chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
+        texts = [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
         vectors = cached_encode(model, texts, 32)  # the harness's own texts and order: a cache hit
         row["vectors_per_doc"] = round(float(vectors.counts.mean()), 2)
-        if label == "nugget r=0.1":  # kept for the token statistics
-            results["_vectors"] = {label: (texts, vectors)}
-    if max_length:
-        row["max_length"] = max_length
-    results["pi_dev"][label] = row
-    print(f"PI dev {label}: {row}", file=sys.stderr, flush=True)
+    table[label] = row
+    print(f"PI {split} {label}: {row}", file=sys.stderr, flush=True)
+    return row
 
 
-def _pi_texts(evaluator) -> list[str]:
-    """The documents the PI harness embeds, in its order (every id its chosen queries use, sorted)."""
-    from docembed.evaluation.tasks import _subset
-
-    docs, queries = evaluator._load()
-    chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
-    return [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
+def training_texts(pairs: Path) -> list[str]:
+    rows = [json.loads(line) for line in pairs.read_text(encoding="utf-8").splitlines()]
+    return list(dict.fromkeys([r["source"] for r in rows] + [r["target"] for r in rows]))
 
 
-def pi_model(spec: str, max_length: int, model_dir: Path = DEFAULT_MODEL):
-    """The models compared on PI; the transformer ones cut every document to `max_length` tokens."""
-    from docembed.evaluation import load_evaluation_model
-    from docembed.models.registry import load_model
+def warm_start(label: str, shipped, pairs: Path, **options):
+    """An untrained NUGGET (MiniLM warm start, seeded), reading MAX_LENGTH tokens; an IDF table when its
+    selector needs one (the shipped model's, else fitted on the training text)."""
+    import torch
+
+    from docembed.models.nugget import NuggetConfig, NuggetEncoder
+
+    torch.manual_seed(0)
+    encoder = NuggetEncoder(NuggetConfig(max_length=MAX_LENGTH, **options), name=label)
+    if encoder.config.uses_idf:
+        if shipped is not None and hasattr(shipped.model, "idf"):
+            encoder.model.idf.copy_(shipped.model.idf)
+            encoder.fitted_on = f"idf of {shipped.source}"
+        else:
+            encoder.fit_idf(training_texts(pairs))
+    return encoder
+
+
+def sbert(spec: str):
     from docembed.models.sbert import SBertConfig, SBertEncoder
 
-    if spec in ("sbert", "sbert-tokens"):
-        output = "tokens" if spec == "sbert-tokens" else "mean"
-        return SBertEncoder(SBertConfig(output=output, max_seq_length=max_length), name=spec)
-    if spec.startswith("nugget"):
-        nugget = load_model(str(model_dir))
-        nugget.config.max_length = max_length
-        return nugget
-    return load_evaluation_model(spec)
+    output = "tokens" if spec == "sbert-tokens" else "mean"
+    return SBertEncoder(SBertConfig(output=output, max_seq_length=MAX_LENGTH), name=spec)
+
+
+class SharedStates:
+    """The frozen MiniLM encoder's token states (layer l and last) of every document of a PI split, computed
+    once. A NUGGET model whose states are these (`shares_states`: whole encoder frozen, no feedback, the
+    MiniLM backbone) then encodes any r with selection + W_V alone: `StateNugget` runs exactly the
+    computation of `NuggetModel.forward` from them. The bench checks that on the shipped model against its
+    real `encode` (the `state_sharing_check` entry)."""
+
+    def __init__(self, reference, texts: list[str]):
+        import torch
+
+        model = reference.model.eval()
+        self.states = {}
+        ids = reference.tokenize(texts)
+        for chunk, input_ids, attention in reference._batches(ids, 32):
+            with torch.no_grad():
+                bottom, mask = model.bottom_states(input_ids, attention)
+                top = model.upper_states(bottom, mask)
+            for row, i in enumerate(chunk):
+                n = len(ids[i])
+                self.states[tuple(ids[i])] = (bottom[row, :n].clone(), top[row, :n].clone())
+
+
+def shares_states(model) -> bool:
+    return model.model.cacheable and model.config.backbone == "minilm" and model.config.scorer_layer == 3
+
+
+class StateNugget:
+    """A NUGGET encoder stand-in for the PI harness that reads `SharedStates` instead of running MiniLM."""
+
+    multi_vector, family = True, "nugget"
+
+    def __init__(self, model, shared: SharedStates):
+        self.model, self.shared = model, shared
+        self.name, self.source, self.config = model.name, model.source, model.config
+        self.set_ratio = model.set_ratio
+
+    def config_hash(self) -> str:
+        return self.model.config_hash()
+
+    def encode(self, texts, batch_size: int = 64):
+        import numpy as np
+        import torch
+
+        from docembed.types import MultiVectors
+
+        ids = self.model.tokenize(texts)
+        vectors, positions = [np.zeros((0, 384), np.float32)] * len(ids), [np.zeros(0, np.int64)] * len(ids)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        network = self.model.model.eval()
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            width, d = max(len(ids[i]) for i in chunk), self.model.dim
+            input_ids = torch.zeros((len(chunk), width), dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            bottom, top = torch.zeros((len(chunk), width, d)), torch.zeros((len(chunk), width, d))
+            for row, i in enumerate(chunk):
+                n = len(ids[i])
+                input_ids[row, :n], mask[row, :n] = torch.tensor(ids[i]), 1
+                bottom[row, :n], top[row, :n] = self.shared.states[tuple(ids[i])]
+            with torch.no_grad():
+                out = network.from_states(bottom, top, input_ids, mask)
+            nuggets = torch.nn.functional.normalize(out.nuggets, dim=-1).numpy()
+            for row, i in enumerate(chunk):
+                k = int(out.slots[row].sum())
+                vectors[i], positions[i] = nuggets[row, :k], out.indices[row, :k].numpy()
+        return MultiVectors.from_list(vectors, positions)
+
+
+def _pi_states(model: StateNugget, label: str, table: dict, split: str, limit: int | None) -> dict:
+    started = time.perf_counter()
+    evaluator = _evaluator(split, limit)
+    evaluator.embed = lambda model, texts: model.encode(texts)  # no embedding cache: nothing to reuse
+    result = evaluator.run(model)
+    docs, queries = evaluator._load()
+    from docembed.evaluation.tasks import _subset
+
+    chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
+    texts = [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
+    row = {
+        "mrr": round(result.score, 2),
+        "top1": round(result.metrics["top1"], 2),
+        "queries": result.metrics["queries"],
+        "seconds": round(time.perf_counter() - started, 1),
+        "vectors_per_doc": round(float(model.encode(texts).counts.mean()), 2),
+        "via": "shared token states",
+    }
+    table[label] = row
+    print(f"PI {split} {label}: {row}", file=sys.stderr, flush=True)
+    return row
+
+
+def _split_texts(split: str) -> list[str]:
+    from docembed import datasets
+
+    docs = {d.id: d.text for d in datasets.documents(f"paraphrase_identification/{split}/docs")}
+    if split == "dev":
+        return list(docs.values())
+    tasks = list(datasets.records("paraphrase_identification/train/task"))[-HELD_OUT_QUERIES:]
+    return [docs[i] for i in sorted({i for t in tasks for i in [t["source"], *t["candidates"]]})]
 
 
 def main(
     out_dir: Path,
     full: bool = False,
     model_dir: Path = DEFAULT_MODEL,
-    max_length: int | None = None,
-    limit: int | None = None,
+    variants: dict[str, Path] | None = None,
+    pairs: Path = DEFAULT_PAIRS,
 ) -> dict:
     import torch
 
-    from docembed import datasets
-    from docembed.models.nugget import (
-        NuggetConfig,
-        NuggetEncoder,
-        nugget_token_statistics,
-        reconstruction_bleu,
-    )
+    from docembed.evaluation import load_evaluation_model
+    from docembed.models.registry import load_model
 
-    max_length = max_length or (256 if full else 128)
-    limit = limit if limit is not None else (None if full else QUICK_QUERIES)
+    limit = None if full else QUICK_QUERIES
     out_dir.mkdir(parents=True, exist_ok=True)
     if not (model_dir / "config.json").exists():
-        raise SystemExit(f"no trained NUGGET model at {model_dir}: train one first (see models/nugget.py)")
+        raise SystemExit(f"no trained NUGGET model at {model_dir}: train one first (see README)")
+    if not pairs.exists():
+        write_training_pairs(pairs)
+    shipped = load_model(str(model_dir))
+    shipped.config.max_length = MAX_LENGTH
     results: dict = {
-        "model": str(model_dir),
+        "model": str(model_dir.relative_to(ROOT) if model_dir.is_relative_to(ROOT) else model_dir),
+        "config": {k: v for k, v in shipped.config.to_dict().items() if not k.endswith("_config")},
+        "pi_setup": {"queries": limit or "all", "max_length": MAX_LENGTH, "candidates": 20},
         "pi_dev": {},
-        "pi_setup": {"queries": limit or "all", "max_length": max_length, "candidates": 20},
+        "held_out_pi_train": {"queries": f"the last {HELD_OUT_QUERIES} of paraphrase_identification/train"},
         "threads": torch.get_num_threads(),
     }
     summary_path = model_dir / "train_summary.json"
     if summary_path.exists():
         summary = json.loads(summary_path.read_text())
-        results["training"] = {k: summary.get(k) for k in ("steps", "seconds", "tokens_per_s", "device")}
-        results["training"]["last_loss"] = summary.get("last", {}).get("loss")
+        keys = ("steps", "seconds", "tokens_per_s", "tokens", "device")
+        results["training"] = {k: summary.get(k) for k in keys if k in summary}
+    dev, held = results["pi_dev"], results["held_out_pi_train"]
 
-    # --- PI: baselines and NUGGET at each ratio ------------------------------------------------------
     for spec in ("tfidf", "sbert", "sbert-tokens"):
-        _pi(pi_model(spec, max_length), spec, results, limit, None if spec == "tfidf" else max_length)
-    nugget = pi_model("nugget", max_length, model_dir)
-    for ratio in RATIOS:
-        nugget.set_ratio(ratio)
-        _pi(nugget, f"nugget r={ratio}", results, limit, max_length)
-    if full:
-        for label, options in (("nugget-chunk r=0.1", {"selector": "chunk"}), ("nugget-untrained r=0.1", {})):
-            config = NuggetConfig(
-                ratio=0.1, max_length=max_length, decoder_layers=nugget.config.decoder_layers, **options
-            )
-            model = NuggetEncoder(config, name=label)
-            if options:  # the chunk ablation keeps the trained weights; only the selector differs
-                model.model.load_state_dict(nugget.model.state_dict())
-            _pi(model, label, results, limit, max_length)
-    _write(out_dir, {k: v for k, v in results.items() if k != "_vectors"})
+        _pi(load_evaluation_model(spec) if spec == "tfidf" else sbert(spec), spec, dev, "dev", limit)
+    _write(out_dir, results)
+    # The NUGGET rows. Rules and warm starts read the frozen encoder without feedback (the same states).
+    rules = {
+        "idf selector": warm_start("idf", shipped, pairs, selector="idf", freeze="encoder", feedback=False),
+        "chunk selector": warm_start(
+            "chunk", None, pairs, selector="chunk", freeze="encoder", feedback=False
+        ),
+    }
+    nuggets = {"nugget (shipped)": shipped}
+    for label, directory in (variants or {}).items():
+        nuggets[label] = load_model(str(directory))
+        nuggets[label].config.max_length = MAX_LENGTH
+    own = {k: shipped.config.to_dict()[k] for k in ("freeze", "feedback", "idf_prior")}
+    nuggets["warm start of the shipped config (untrained)"] = warm_start("warm", shipped, pairs, **own)
+    shared = SharedStates(rules["idf selector"], _split_texts("dev"))
+    # real encode() of the shipped model at r = 0.1: the reference the shared-state path must reproduce
+    shipped.set_ratio(0.1)
+    real = _pi(shipped, "nugget (shipped) r=0.1, encode()", {}, "dev", limit)
+    for label, model in {**nuggets, **rules}.items():
+        for ratio in RATIOS:
+            model.set_ratio(ratio)
+            if shares_states(model):
+                _pi_states(StateNugget(model, shared), f"{label} r={ratio}", dev, "dev", limit)
+            else:
+                _pi(model, f"{label} r={ratio}", dev, "dev", limit)
+        _write(out_dir, results)
+    results["state_sharing_check"] = {
+        "encode_mrr": real["mrr"],
+        "table_mrr": dev["nugget (shipped) r=0.1"]["mrr"],
+    }
+    del shared
 
-    # --- token statistics and reconstruction on held-out (dev) documents ------------------------------
-    dev_texts = [t for t in datasets.iter_texts("paraphrase_identification/dev/docs") if t.strip()]
-    texts, vectors = results.pop("_vectors")["nugget r=0.1"]
-    ids = nugget.tokenize(texts)
+    held_shared = SharedStates(rules["idf selector"], _split_texts("train"))
+    for label, model in (("tfidf", load_evaluation_model("tfidf")), ("sbert-tokens", sbert("sbert-tokens"))):
+        _pi(model, label, held, "train", None)
+    for label, model in (("idf selector", rules["idf selector"]), ("nugget (shipped)", shipped)):
+        model.set_ratio(0.1)
+        if shares_states(model):
+            _pi_states(StateNugget(model, held_shared), f"{label} r=0.1", held, "train", None)
+        else:
+            _pi(model, f"{label} r=0.1", held, "train", None)
+    _write(out_dir, results)
+
+    results["token_statistics"] = token_statistics(shipped, limit)
+    results["encode_time"] = encode_time(shipped, 256 if full else 64)
+    results["reconstruction_bleu"] = (
+        "not rerun: the shipped model is trained with the sim objective (no decoder)"
+    )
+    _write(out_dir, results)
+    (out_dir / "nugget.md").write_text(markdown(results), encoding="utf-8")
+    return results
+
+
+def token_statistics(model, limit: int | None) -> dict:
+    """What the model picks at r = 0.1 on PI dev (the paper's Figure 5), and how rare it is: the mean IDF
+    (the model's table, else one fitted on these documents) of the nuggets against that of all tokens. The
+    nuggets are those of the harness's encode() at r = 0.1 (an embedding-cache hit)."""
+    from docembed.evaluation.base import cached_encode
+    from docembed.evaluation.tasks import _subset
+    from docembed.models.nugget import idf_table
+    from docembed.models.nugget_statistics import nugget_token_statistics
+
+    model.set_ratio(0.1)
+    evaluator = _evaluator("dev", limit)
+    docs, queries = evaluator._load()
+    chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
+    texts = [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
+    vectors = cached_encode(model, texts, 32)
+    ids = model.tokenize(texts)
     items = [
         (None, vectors.positions[vectors.offsets[i] : vectors.offsets[i + 1]], ids[i])
         for i in range(len(ids))
     ]
-    stats = nugget_token_statistics(items, nugget.tokenizer)
-    results["token_statistics"] = {
+    stats = nugget_token_statistics(items, model.tokenizer)
+    table = model.model.idf if hasattr(model.model, "idf") else idf_table(ids, model.tokenizer.vocab_size)
+    picked = [float(table[row[p]]) for (_, positions, row) in items for p in positions.tolist()]
+    every = [float(table[t]) for row in ids for t in row]
+    return {
         "ratio": 0.1,
         "documents": stats["documents"],
         "tokens": stats["tokens"],
         "nuggets": stats["nuggets"],
+        "mean_idf_of_nuggets": round(sum(picked) / len(picked), 3),
+        "mean_idf_of_tokens": round(sum(every) / len(every), 3),
         "top_chosen": [_rounded(row) for row in stats["rows"][:15]],
         "most_frequent": [_rounded(row) for row in stats["frequent"][:10]],
     }
-    _write(out_dir, results)
-    bleu_docs = dev_texts[-(64 if full else 8) :]
-    results["reconstruction_bleu"] = {"documents": len(bleu_docs), "max_length": 128, "beams": 5}
-    for ratio in RATIOS:
-        nugget.set_ratio(ratio)
-        started = time.perf_counter()
-        score = reconstruction_bleu(nugget, bleu_docs, beams=5, max_length=128)
-        results["reconstruction_bleu"][f"r={ratio}"] = {
-            "bleu": round(score["bleu"], 2),
-            "precisions": [round(p, 1) for p in score["precisions"]],
-            "brevity_penalty": round(score["brevity_penalty"], 3),
-            "seconds": round(time.perf_counter() - started, 1),
-        }
-        print(f"BLEU r={ratio}: {results['reconstruction_bleu'][f'r={ratio}']}", file=sys.stderr, flush=True)
-        _write(out_dir, results)
 
-    # --- encode throughput vs the plain encoder's forward pass -----------------------------------------
-    nugget.set_ratio(0.1)
-    timing_texts = dev_texts[: 32 if not full else 256]
-    ids = nugget.tokenize(timing_texts)
-    tokens = sum(len(i) for i in ids)
-    encoder_only = nugget.model.backbone.encoder
 
-    def plain() -> None:  # tokenise + the backbone encoder's own forward pass, same batching
+def encode_time(model, documents: int) -> dict:
+    """NUGGET's encode() against tokenising + the backbone encoder's own forward pass, same batching."""
+    import torch
+
+    from docembed import datasets
+
+    model.set_ratio(0.1)
+    texts = [t for t in datasets.iter_texts("paraphrase_identification/dev/docs") if t.strip()][:documents]
+    tokens = sum(len(i) for i in model.tokenize(texts))
+    encoder_only = model.model.backbone.encoder
+
+    def plain() -> None:
         with torch.no_grad():
-            for _, input_ids, attention in nugget._batches(nugget.tokenize(timing_texts), 32):
+            for _, input_ids, attention in model._batches(model.tokenize(texts), 32):
                 encoder_only(input_ids=input_ids, attention_mask=attention)
 
     timings = {}
-    for label, run in (
-        ("plain_encoder_forward", plain),
-        ("nugget_encode", lambda: nugget.encode(timing_texts)),
-    ):
+    for label, run in (("plain_encoder_forward", plain), ("nugget_encode", lambda: model.encode(texts))):
         run()  # warm-up
-        best = min(_timed(run) for _ in range(2))
+        best = min(_timed(run) for _ in range(3))
         timings[label] = {"seconds": round(best, 3), "tokens_per_s": round(tokens / best, 1)}
-    timings["nugget_relative_to_plain"] = round(
-        timings["plain_encoder_forward"]["seconds"] / timings["nugget_encode"]["seconds"], 3
-    )
-    results["encode_throughput"] = {"documents": len(timing_texts), "tokens": tokens, **timings}
-    results["note"] = "CPU shared with other jobs: throughput figures are noisy; ratios are from the same run"
-    _write(out_dir, results)
-    return results
+    ratio = timings["nugget_encode"]["seconds"] / timings["plain_encoder_forward"]["seconds"]
+    return {"documents": len(texts), "tokens": tokens, **timings, "nugget_time_over_plain": round(ratio, 3)}
+
+
+def markdown(results: dict) -> str:
+    dev = results["pi_dev"]
+    lines = [
+        f"PI dev MRR x100 ({results['pi_setup']['queries']} queries, 20 shuffled candidates, pessimistic "
+        f"ties), every transformer model reading {MAX_LENGTH} tokens; vectors per document in brackets.",
+        "",
+        "| model | r=0.05 | r=0.1 | r=0.25 |",
+        "|---|---|---|---|",
+    ]
+    labels = [k.rsplit(" r=", 1)[0] for k in dev if " r=" in k]
+    for label in dict.fromkeys(labels):
+        cells = []
+        for ratio in RATIOS:
+            row = dev.get(f"{label} r={ratio}")
+            cells.append(f"{row['mrr']:.2f} ({row['vectors_per_doc']:.1f})" if row else "")
+        lines.append(f"| {label} | {' | '.join(cells)} |")
+    for spec in ("sbert-tokens", "sbert", "tfidf"):
+        row = dev[spec]
+        vectors = f" ({row['vectors_per_doc']:.1f})" if "vectors_per_doc" in row else ""
+        lines.append(f"| {spec} (all r) | | {row['mrr']:.2f}{vectors} | |")
+    held = results["held_out_pi_train"]
+    lines += [
+        "",
+        f"Held-out PI train ({held['queries']}): "
+        + ", ".join(f"{k} {v['mrr']:.2f}" for k, v in held.items() if isinstance(v, dict)),
+    ]
+    timing = results.get("encode_time")
+    if timing:
+        lines.append(f"Encode time NUGGET / plain encoder forward: {timing['nugget_time_over_plain']:.2f}x")
+    return "\n".join(lines) + "\n"
 
 
 def _rounded(row: dict) -> dict:
@@ -231,14 +446,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("bench/results/nugget"))
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--max-length", type=int, help="Tokens per document (default 128 quick, 256 full).")
-    parser.add_argument("--limit", type=int, help="PI queries (default 256 quick, all with --full).")
-    parser.add_argument("--full", action="store_true")
-    parser.add_argument(
-        "--make-pairs", type=Path, help="Only write the PI train paraphrase pairs to this file."
-    )
+    parser.add_argument("--variant", action="append", default=[], help="LABEL=DIR: another trained model.")
+    parser.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
+    parser.add_argument("--quick", action="store_true", help="256 dev queries instead of all 1,024.")
+    parser.add_argument("--make-pairs", type=Path, help="Only write the training pairs to this file.")
     args = parser.parse_args()
     if args.make_pairs:
-        print(f"{write_pi_pairs(args.make_pairs)} pairs -> {args.make_pairs}", file=sys.stderr)
+        print(f"pairs {write_training_pairs(args.make_pairs)} -> {args.make_pairs}", file=sys.stderr)
     else:
-        print(json.dumps(main(args.out, args.full, args.model, args.max_length, args.limit), indent=2))
+        variants = dict(v.split("=", 1) for v in args.variant)
+        variants = {k: Path(v) for k, v in variants.items()}
+        print(json.dumps(main(args.out, not args.quick, args.model, variants, args.pairs), indent=2))

@@ -58,12 +58,12 @@ def _setenc_model(full: bool, out_dir: pathlib.Path) -> tuple[pathlib.Path, str]
         "20newsgroups/train",
         "-o",
         str(path),
-        "--t",
+        "--temperature",
         "2",
         "--time-budget",
         "1200",
     )
-    return path, "trained here: train-setenc defaults, --t 2 --time-budget 1200"
+    return path, "trained here: train-setenc defaults, --temperature 2 --time-budget 1200"
 
 
 def _pv_model(full: bool, out_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
@@ -92,7 +92,7 @@ def _pv_model(full: bool, out_dir: pathlib.Path) -> tuple[pathlib.Path, str]:
 
 def halves(texts: list[str], seed: int = 0) -> tuple[list[str], list[str], list[int]]:
     """Two random disjoint halves of each text's word tokens (joined by spaces), and which texts had them."""
-    from docembed.models.set_encoder import word_tokens
+    from docembed.models.setenc import word_tokens
     from docembed.training.setenc_recipe import split_views
 
     rng = np.random.default_rng(seed)
@@ -273,7 +273,8 @@ def _plot(model, name: str, texts, ids, labels, out_dir: pathlib.Path) -> None:
     """t-SNE map via `docembed plot` (reads an embeddings file and a labels JSONL)."""
     import tempfile
 
-    from docembed.io.embeddings import EmbeddingSet, save_embeddings
+    from docembed.io.embeddings import save_embeddings
+    from docembed.types import EmbeddingSet
 
     work = pathlib.Path(tempfile.mkdtemp(prefix="bench_setenc_"))
     embeddings = work / f"{name}.npz"

@@ -128,8 +128,7 @@ def bench_encode(n_texts: int, repeats: int) -> dict:
 
 
 def _token_sets(n: int, rng: np.random.Generator, dim: int = 384):
-    from docembed.io.embeddings import MultiVectors
-    from docembed.models.base import l2_normalize
+    from docembed.types import MultiVectors, l2_normalize
 
     lengths = rng.integers(32, 257, size=n)
     vectors = l2_normalize(rng.standard_normal((int(lengths.sum()), dim)).astype(np.float32))
@@ -186,9 +185,8 @@ def bench_maxsim(n_pairs: int, n_docs: int, repeats: int) -> dict:
 
 
 def bench_search(n_vectors: int, n_queries: int, k: int, repeats: int) -> dict:
-    from docembed.index import VectorIndex
-    from docembed.io.embeddings import EmbeddingSet
-    from docembed.models.base import l2_normalize
+    from docembed.faiss_index import VectorIndex
+    from docembed.types import EmbeddingSet, l2_normalize
 
     rng = np.random.default_rng(0)
     base = l2_normalize(rng.standard_normal((n_vectors, 384)).astype(np.float32))

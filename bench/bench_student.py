@@ -36,7 +36,6 @@ import os
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -157,8 +156,13 @@ class ChunkedSBert:
         pieces = [ids[i : i + self.chunk] for i in range(0, max(len(ids), 1), self.chunk)]
         return [self.tokenizer.decode(p) for p in pieces]
 
+    name = "sbert-chunked"
+
+    def metadata(self) -> dict:
+        return {"model": self.name, "max_tokens": self.max_tokens, "chunk": self.chunk}
+
     def encode(self, texts, batch_size: int = 16) -> np.ndarray:
-        from docembed.models.base import l2_normalize
+        from docembed.types import l2_normalize
 
         parts = [self.chunks(t) for t in texts]
         flat = [c for p in parts for c in p]
@@ -182,23 +186,10 @@ def _load(spec: str):
 
 
 def _embeddings(name: str, spec: str, split: str, texts: list[str], cache: Path) -> np.ndarray:
-    """Embeddings of one split, cached under runs/ (keyed by the model folder's weights mtime)."""
-    stamp = ""
-    weights = Path(spec) / "model.safetensors"
-    if weights.exists():
-        stamp = str(weights.stat().st_mtime_ns)
-    safe = name.replace(" ", "_").replace("(", "").replace(")", "")
-    path = cache / f"{safe}--{split}--{len(texts)}.npy"
-    meta = path.with_suffix(".json")
-    if path.exists() and meta.exists() and json.loads(meta.read_text())["stamp"] == stamp:
-        return np.load(path, allow_pickle=False)
-    model = _load(spec)
-    started = time.perf_counter()
-    vectors = np.asarray(model.encode(texts, batch_size=8), dtype=np.float32)
-    cache.mkdir(parents=True, exist_ok=True)
-    np.save(path, vectors, allow_pickle=False)
-    meta.write_text(json.dumps({"stamp": stamp, "seconds": round(time.perf_counter() - started, 1)}))
-    return vectors
+    """Embeddings of one split, from docembed's embedding cache under runs/ (keyed by model identity)."""
+    from docembed.encoding import EmbeddingCache
+
+    return np.asarray(EmbeddingCache(cache).vectors(_load(spec), texts, batch_size=8), dtype=np.float32)
 
 
 def quality(out_dir: Path, full: bool, only: list[str] | None = None) -> dict:

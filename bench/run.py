@@ -1,9 +1,11 @@
-"""`make bench`: run every bench/bench_*.py module's `main(out_dir, full)` and merge their dicts into
-bench/results/<date>.json, with a markdown rendering beside it (<date>.md) and on docs/results.md.
+"""`make bench`: the leaderboard. Runs bench/bench_quality.py (every built-in and every baseline on every
+task, one table) and bench/bench_speed.py by default, merges their dicts into bench/results/<date>.json, and
+renders docs/results.md from it: the one results page (`make bench-quick` checks the pipeline in minutes).
 
-    .venv/bin/python bench/run.py                 # every module, modest subsets
+    .venv/bin/python bench/run.py                 # the leaderboard + speed, modest subsets
+    .venv/bin/python bench/run.py --quick         # small subsets: minutes, for checking
     .venv/bin/python bench/run.py --full          # the full data sets (hours on a CPU)
-    .venv/bin/python bench/run.py --only quality,speed
+    .venv/bin/python bench/run.py --only nugget,student   # family benches (any bench/bench_*.py; `all`)
     .venv/bin/python bench/run.py --report-only   # re-render docs/results.md from the latest results file
     .venv/bin/python bench/run.py --import-result speed=DIR/bench_speed.json   # add a standalone run
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.util
+import inspect
 import json
 import os
 import pathlib
@@ -29,6 +32,8 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
 DOCS_PAGE = ROOT / "docs" / "results.md"
+# What `make bench` runs; the family benches (nugget, student, setenc, ...) run with --only.
+DEFAULT_MODULES = ("quality", "speed")
 
 # Published reference numbers (../shared/data/README.md), shown beside ours on the results page.
 REFERENCES: dict[str, list[tuple[str, float]]] = {
@@ -79,8 +84,11 @@ def _load_module(name: str, path: pathlib.Path):
     return module
 
 
-def run(only: list[str] | None, full: bool) -> pathlib.Path:
+def run(only: list[str] | None, full: bool, quick: bool = False) -> pathlib.Path:
     modules = discover()
+    if only == ["all"]:
+        only = list(modules)
+    only = only or list(DEFAULT_MODULES)
     unknown = sorted(set(only or []) - set(modules))
     if unknown:
         raise SystemExit(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(modules)}")
@@ -101,12 +109,15 @@ def run(only: list[str] | None, full: bool) -> pathlib.Path:
         print(f"[bench] {name} ...", file=sys.stderr, flush=True)
         started = time.perf_counter()
         try:
-            entry = _load_module(name, path).main(RESULTS_DIR / date, full)
+            main = _load_module(name, path).main
+            extra = {"quick": True} if quick and "quick" in inspect.signature(main).parameters else {}
+            entry = main(RESULTS_DIR / date, full, **extra)
         except Exception as error:  # one module failing must not lose the others' results
             entry = {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc(limit=5)}
         seconds = round(time.perf_counter() - started, 1)
         fresh[name] = {
             "full": full,
+            "quick": quick,
             "seconds": seconds,
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "result": entry,
@@ -167,12 +178,19 @@ QUALITY_ROWS = [
 def render_quality(quality: dict) -> list[str]:
     results = quality.get("results", {})
     models = list(results)
-    lines = ["## Quality", ""]
+    lines = ["## Leaderboard", ""]
     limits = quality.get("limits", {})
     sizes = ", ".join(f"{t}: {'full' if n is None else n}" for t, n in limits.items())
+    mode = (
+        "full sets"
+        if quality.get("full")
+        else ("QUICK subsets (pipeline check only)" if quality.get("quick") else "")
+    )
     lines += [
+        f"One run of `make bench` ({quality.get('seconds', '?')} s{', ' + mode if mode else ''}). "
         f"Subsets (seed {quality.get('seed')}): {sizes}. SentEval folds: {quality.get('senteval_folds')}.",
-        "All numbers x100. `–` = not run for that model; `missing` = family not available.",
+        "All numbers x100 except the last row. `–` = not run for that model; `missing` = not available "
+        "(a shipped built-in whose weights are not exported yet, or an optional family).",
         "",
     ]
     rows = []
@@ -185,6 +203,15 @@ def render_quality(quality: dict) -> list[str]:
             else ""
         )
         rows.append([label, *[_cell(results[m].get(task), metric) for m in models], refs])
+    speed = quality.get("throughput", {})
+    if speed.get("rows"):
+        cells = []
+        for m in models:
+            row = speed["rows"].get(m)
+            cells.append(
+                "–" if row is None else ("missing" if "missing" in row else _fmt(row["docs_per_s"], 1))
+            )
+        rows.append([f"encode docs/s ({speed.get('data')}, {speed.get('threads')} thread(s))", *cells, ""])
     lines += _table(["task", *models, "published reference"], rows)
     lines += ["", *[f"- {note}" for note in REFERENCE_NOTES]]
     notes = sorted(
@@ -264,10 +291,20 @@ def render_speed(speed: dict) -> list[str]:
 
 
 def render_generic(name: str, entry) -> list[str]:
+    # Family benches keep their own tables in their JSON; the page only points at them, folded.
     text = json.dumps(entry, indent=2, default=str)
-    if len(text) > 6000:
-        text = text[:6000] + "\n... (truncated; see the results JSON)"
-    return [f"## {name}", "", "```json", text, "```", ""]
+    if len(text) > 3000:
+        text = text[:3000] + "\n... (truncated; see the results JSON)"
+    return [
+        f"<details><summary>{name} (family bench)</summary>",
+        "",
+        "```json",
+        text,
+        "```",
+        "",
+        "</details>",
+        "",
+    ]
 
 
 def render(results_path: pathlib.Path) -> str:
@@ -279,7 +316,11 @@ def render(results_path: pathlib.Path) -> str:
         f"(machine: {merged.get('machine')}). Do not edit by hand.",
         "",
     ]
-    for name, entry in merged.get("benchmarks", {}).items():
+    # the leaderboard first, then speed, then the family benches
+    benchmarks = sorted(
+        merged.get("benchmarks", {}).items(), key=lambda kv: (kv[0] != "quality", kv[0] != "speed")
+    )
+    for name, entry in benchmarks:
         result = entry.get("result", {})
         origin = f"imported from {entry['imported_from']}" if entry.get("imported_from") else "run by run.py"
         lines += [
@@ -306,11 +347,10 @@ def latest_results() -> pathlib.Path:
 
 
 def write_report(results_path: pathlib.Path) -> None:
-    page = render(results_path)
-    results_path.with_suffix(".md").write_text(page)
+    """docs/results.md is the one rendering of the results (the JSON beside it is the data)."""
     DOCS_PAGE.parent.mkdir(parents=True, exist_ok=True)
-    DOCS_PAGE.write_text(page)
-    print(f"[bench] wrote {results_path.with_suffix('.md')} and {DOCS_PAGE}", file=sys.stderr)
+    DOCS_PAGE.write_text(render(results_path))
+    print(f"[bench] wrote {DOCS_PAGE} from {results_path.relative_to(ROOT)}", file=sys.stderr)
 
 
 def import_result(spec: str) -> pathlib.Path:
@@ -343,7 +383,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(description="Run the docembed benchmarks (bench/bench_*.py).")
     parser.add_argument("--full", action="store_true", help="full data sets instead of the modest subsets")
-    parser.add_argument("--only", help=f"comma-separated benchmark names: {', '.join(discover())}")
+    parser.add_argument("--quick", action="store_true", help="small subsets: checks the pipeline in minutes")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated benchmark names (default: {', '.join(DEFAULT_MODULES)}; all = every one): "
+        f"{', '.join(discover())}",
+    )
     parser.add_argument("--report-only", action="store_true", help="re-render docs/results.md, run nothing")
     parser.add_argument(
         "--import-result", metavar="NAME=PATH", help="merge a standalone module run's JSON, then re-render"
@@ -356,7 +401,9 @@ def main(argv: list[str] | None = None) -> None:
         write_report(latest_results())
         return
     only = [n.strip().removeprefix("bench_") for n in args.only.split(",")] if args.only else None
-    write_report(run(only, args.full))
+    if args.full and args.quick:
+        parser.error("--full and --quick exclude each other")
+    write_report(run(only, args.full, args.quick))
 
 
 if __name__ == "__main__":

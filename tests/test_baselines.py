@@ -121,10 +121,10 @@ def test_glove_average_of_word_vectors_file(tmp_path):
 
 
 def test_glove_avg_builtin_uses_offline_vectors():
-    from docembed.models.baselines import _offline_glove
+    from docembed.models.word_vectors import offline_glove
 
     model = load_model("glove-avg")
-    words, matrix = _offline_glove()
+    words, matrix = offline_glove()
     expected = (matrix[words.index("good")] + matrix[words.index("movie")]) / 2
     assert np.allclose(model.encode(["Good movie"])[0], expected)
     assert model.dim == 50

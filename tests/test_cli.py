@@ -78,6 +78,35 @@ def test_encode_multi_vector_and_shards(capfd, corpus, tmp_path):
     )
 
 
+def test_parquet_input_on_the_local_engine(capfd, corpus, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table({"id": [i for i, _ in DOCS], "text": [t for _, t in DOCS]})
+    pq.write_table(table, tmp_path / "docs.parquet", row_group_size=3)
+    out, reference = tmp_path / "p.npy", tmp_path / "j.npy"
+    assert invoke(capfd, "encode", tmp_path / "docs.parquet", "-m", "glove-avg", "-o", out).code == 0
+    assert invoke(capfd, "encode", corpus, "-m", "glove-avg", "-o", reference).code == 0
+    got, want = load_embeddings(str(out)), load_embeddings(str(reference))
+    assert got.ids == want.ids and np.array_equal(got.data, want.data)
+    # --shard slices Parquet rows the way it slices lines
+    half = tmp_path / "half.npy"
+    assert (
+        invoke(
+            capfd, "encode", tmp_path / "docs.parquet", "-m", "glove-avg", "--shard", "1/2", "-o", half
+        ).code
+        == 0
+    )
+    assert load_embeddings(str(half)).ids == [i for i, _ in DOCS[2:]]
+
+
+def test_capability_not_supported_is_one_line(capfd, corpus, tmp_path):
+    for flag, value in (("--ratio", "0.5"), ("--workers", "2")):
+        result = invoke(capfd, "encode", corpus, "-m", "glove-avg", flag, value, "-o", tmp_path / "x.npy")
+        assert result.code == 1 and "does not support" in result.err and "Traceback" not in result.err
+        assert not (tmp_path / "x.npy").exists()
+
+
 def test_similarity_texts_and_pairs(capfd, tmp_path):
     close = float(invoke(capfd, "similarity", "A cat sits on a mat.", "The cat sat on the mat.").out)
     far = float(invoke(capfd, "similarity", "A cat sits on a mat.", "Interest rates rose.").out)
@@ -301,3 +330,36 @@ def test_a_swallowed_ctrl_c_still_stops_encoding_at_the_next_chunk(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         encode_documents(Counting(), docs, chunk_size=2)
     assert Counting.calls == 1
+
+
+def test_every_command_help_has_an_example():
+    import typer.main
+
+    from docembed.cli import app
+
+    def commands(group, prefix=""):
+        for name, command in group.commands.items():
+            if getattr(command, "commands", None):
+                yield from commands(command, f"{prefix}{name} ")
+            elif not command.hidden:
+                yield f"{prefix}{name}", command
+
+    found = dict(commands(typer.main.get_command(app)))
+    assert {"encode", "merge", "index build", "search"} <= set(found)
+    missing = [name for name, command in found.items() if "Example: docembed " not in (command.help or "")]
+    assert missing == []
+
+
+def test_declared_capabilities_match_the_methods():
+    from docembed.models.base import CAPABILITIES, Encoder
+    from docembed.models.registry import FAMILY_MODULES, get_family
+
+    methods = {"ratio": "set_ratio", "workers": "set_workers", "fit": "fit", "sparse": "encode_sparse"}
+    for family in FAMILY_MODULES:
+        cls = get_family(family)
+        assert cls.capabilities <= set(CAPABILITIES), family
+        for capability, method in methods.items():
+            has = getattr(cls, method, None) is not None and getattr(cls, method) is not getattr(
+                Encoder, method, None
+            )
+            assert has == (capability in cls.capabilities), (family, capability)

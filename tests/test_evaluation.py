@@ -13,8 +13,8 @@ import pytest
 from docembed.evaluation import EvalOptions, get_evaluator, mean_pool, metrics, resolve_tasks
 from docembed.evaluation.base import cached_encode
 from docembed.evaluation.probes import senteval_cv_accuracy, stratified_folds
-from docembed.io.embeddings import MultiVectors
 from docembed.models.base import Encoder, EncoderConfig
+from docembed.types import MultiVectors
 
 
 # --- metrics ----------------------------------------------------------------------------------------------
@@ -254,8 +254,9 @@ def test_embedding_cache_reuses_vectors(tmp_path):
     first = cached_encode(model, ["a", "b", ""])
     second = cached_encode(model, ["a", "b", ""])
     assert np.array_equal(first, second) and calls == [3]
-    cached_encode(model, ["a", "c", ""])
-    assert calls == [3, 3]  # other texts, other key
+    third = cached_encode(model, ["a", "c", ""])
+    assert calls == [3, 1]  # only the text not seen before is encoded
+    assert np.array_equal(third[[0, 2]], first[[0, 2]]) and len(third) == 3
 
 
 def test_cli_evaluate_end_to_end(data_root, tmp_path):

@@ -7,15 +7,9 @@ import numpy as np
 import pytest
 
 from docembed.errors import DocembedError, InputFormatError, UsageError
-from docembed.io.embeddings import (
-    OUTPUT_FORMATS,
-    EmbeddingSet,
-    MultiVectors,
-    check_output_path,
-    load_embeddings,
-    save_embeddings,
-)
+from docembed.io.embeddings import OUTPUT_FORMATS, check_output_path, load_embeddings, save_embeddings
 from docembed.io.readers import DocumentReader, Shard, count_lines
+from docembed.types import EmbeddingSet, MultiVectors
 
 
 def write(path, text: str | bytes):
@@ -144,3 +138,58 @@ def test_atomic_write_leaves_nothing_on_failure(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         save_embeddings(dense_set(), str(target))
     assert list(tmp_path.iterdir()) == []
+
+
+def write_parquet(path, texts, ids=None, row_group_size=None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    columns = {"text": pa.array(texts, type=pa.string())}
+    if ids is not None:
+        columns["id"] = pa.array(ids)
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+    return str(path)
+
+
+def test_parquet_input_file_and_directory(tmp_path):
+    src = write_parquet(tmp_path / "a.parquet", ["x", "", "z"], ["a", None, "c"])
+    docs = list(DocumentReader(src))
+    assert [(d.id, d.text) for d in docs] == [("a", "x"), ("1", ""), ("c", "z")]
+    # a directory: files in path order, rows numbered across files, bookkeeping files skipped
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    write_parquet(folder / "part-1.parquet", ["c", "d"])
+    write_parquet(folder / "part-0.parquet", ["a", "b"])
+    (folder / "_SUCCESS").write_text("")
+    reader = DocumentReader(str(folder))
+    assert reader.format == "parquet" and len(reader) == 4
+    assert [(d.id, d.text) for d in reader] == [("0", "a"), ("1", "b"), ("2", "c"), ("3", "d")]
+
+
+def test_parquet_shards_and_ranges_read_only_their_rows(tmp_path):
+    texts = [f"doc {i}" for i in range(10)]
+    src = write_parquet(tmp_path / "n.parquet", texts, row_group_size=3)
+    parts = [[d.text for d in DocumentReader(src, shard=Shard(i, 3))] for i in range(3)]
+    assert sum(parts, []) == texts and [len(p) for p in parts] == [3, 3, 4]
+    documents, skipped = DocumentReader(src).read_range(4, 8)
+    assert [d.id for d in documents] == ["4", "5", "6", "7"] and skipped == 0
+
+
+def test_parquet_null_text_is_an_error_or_skipped(tmp_path):
+    src = write_parquet(tmp_path / "n.parquet", ["a", None, "c"])
+    with pytest.raises(InputFormatError, match="n.parquet:2"):
+        list(DocumentReader(src))
+    reader = DocumentReader(src, skip_invalid=True)
+    assert [d.id for d in reader] == ["0", "2"] and reader.skipped == 1
+    with pytest.raises(DocembedError, match="no text column 'body'"):
+        list(DocumentReader(src, text_field="body"))
+
+
+def test_text_range_reads_from_a_byte_offset(tmp_path):
+    from docembed.io.readers import line_offsets
+
+    src = write(tmp_path / "r.txt", "".join(f"line {i}\n" for i in range(7)))
+    rows, offsets = line_offsets(src, 3)
+    assert rows == 7 and len(offsets) == 3
+    documents, _ = DocumentReader(src).read_range(3, 6, offsets[1])
+    assert [(d.id, d.text) for d in documents] == [("3", "line 3"), ("4", "line 4"), ("5", "line 5")]

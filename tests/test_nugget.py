@@ -10,17 +10,21 @@ import numpy as np
 import pytest
 import torch
 
+from docembed.losses.nugget_reconstruction import NuggetReconstructionLoss
 from docembed.models.nugget import (
     NuggetConfig,
     NuggetEncoder,
-    corpus_bleu,
     cross_attention_bias,
+    idf_table,
     load_tokenizer,
     nugget_counts,
     select_chunks,
+    select_idf,
     select_top_k,
 )
+from docembed.models.nugget_generation import corpus_bleu
 from docembed.models.offline import minilm_path
+from docembed.types import MultiVectors
 
 TEXTS = [
     "the cat sat on the mat , and the dog barked .",
@@ -117,7 +121,7 @@ def test_encode_positions_increase_within_each_document(tokenizer):
 def scorer_grad_norm(encoder: NuggetEncoder, batch) -> float:
     model = encoder.model.train()
     model.zero_grad(set_to_none=True)
-    model(batch)["loss"].backward()
+    NuggetReconstructionLoss(model)(batch)["loss"].backward()
     grads = [p.grad for p in model.scorer.parameters()]
     return sum(0.0 if g is None else float(g.norm()) for g in grads)
 
@@ -133,7 +137,8 @@ def test_straight_through_residual_gives_gradient_without_changing_the_loss(toke
     straight, cut = tiny(tokenizer, residual="straight-through"), tiny(tokenizer, residual="none")
     batch = batch_of(straight)
     straight.model.eval(), cut.model.eval()
-    assert torch.allclose(straight.model(batch)["loss"], cut.model(batch)["loss"])
+    loss = [NuggetReconstructionLoss(e.model)(batch)["loss"] for e in (straight, cut)]
+    assert torch.allclose(*loss)
     assert scorer_grad_norm(straight, batch) > 0
 
 
@@ -149,7 +154,7 @@ def test_residual_is_added_to_every_cross_attention_logit(tokenizer):
         for layer in model.backbone.decoder.bert.encoder.layer
     ]
     out = model.encode_batch(batch["input_ids"], batch["attention_mask"])
-    model(batch)
+    NuggetReconstructionLoss(model)(batch)
     for hook in hooks:
         hook.remove()
     assert len(seen) == len(model.backbone.decoder.bert.encoder.layer)
@@ -235,7 +240,7 @@ def test_bf16_forward_is_finite(tokenizer):
     encoder = tiny(tokenizer)
     batch = batch_of(encoder)
     model = encoder.model.to(torch.bfloat16).eval()
-    assert torch.isfinite(model(batch)["loss"])
+    assert torch.isfinite(NuggetReconstructionLoss(model)(batch)["loss"])
 
 
 # --- encoder interface, files, ablations, decoding ------------------------------------------------------
@@ -269,7 +274,7 @@ def test_chunk_selector_model_encodes(tokenizer):
 
 
 def test_greedy_beam_search_matches_decoding_without_cache(tokenizer):
-    from docembed.models.nugget import beam_search
+    from docembed.models.nugget_generation import beam_search
 
     encoder = tiny(tokenizer, seed=7)
     model = encoder.model.eval()
@@ -341,18 +346,18 @@ def test_bart_backbone_selects_and_learns_through_the_residual(tokenizer):
 
 
 def test_corpus_bleu_by_hand():
-    reference = ["the", "cat", "sat", "on", "the", "mat"]
+    reference = "the cat sat on the mat"
     assert corpus_bleu([reference], [reference])["bleu"] == pytest.approx(100.0)
-    hypothesis = ["the", "cat", "sat", "on", "a", "mat"]
+    hypothesis = "the cat sat on a mat"
     # clipped precisions: 1-grams 5/6, 2-grams 3/5, 3-grams 2/4, 4-grams 1/3; same length, so no penalty
     result = corpus_bleu([hypothesis], [reference])
     assert result["precisions"] == pytest.approx([500 / 6, 60.0, 50.0, 100 / 3])
     assert result["bleu"] == pytest.approx(100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25)
-    assert corpus_bleu([["x", "y"]], [reference])["bleu"] == 0.0  # no 4-gram match at all
+    assert corpus_bleu(["x y"], [reference])["bleu"] == 0.0  # no 4-gram match at all
     # two sentences pooled: 1-grams 9/9, 2-grams 7/7, 3-grams 5/5, 4-grams 3/3; c=9 < r=11 -> BP e^(1-11/9)
-    hypotheses = [["a", "b", "c", "d", "e"], ["f", "g", "h", "i"]]
-    pooled = corpus_bleu(hypotheses, [[*hypotheses[0], "x"], [*hypotheses[1], "y"]])
+    pooled = corpus_bleu(["a b c d e", "f g h i"], ["a b c d e x", "f g h i y"])
     assert pooled["bleu"] == pytest.approx(100 * math.exp(1 - 11 / 9))
+    assert corpus_bleu(["a , b"], ["a , b"])["hyp_len"] == 3  # tokenised already: no re-tokenisation
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -439,7 +444,7 @@ def test_cli_train_nugget_then_encode_and_inspect(tokenizer, tmp_path):
 
 
 def test_token_words_join_word_pieces_and_keep_punctuation(tokenizer):
-    from docembed.models.nugget import token_words
+    from docembed.models.nugget_generation import token_words
 
     ids = tokenizer("Beggin , he said .")["input_ids"]
     assert len(ids) == 8  # [CLS] beg ##gin , he said . [SEP]: pieces to join
@@ -462,3 +467,201 @@ def test_train_nugget_under_torchrun_two_ranks(tokenizer, tmp_path):
     assert summary["world_size"] == 2 and summary["steps"] == 4  # 8 global batches of 2, 2 per step
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 4  # rank 0 alone writes the log
     assert load_model(str(out)).encode(["the cat sat ."]).counts.tolist() == [1]
+
+
+# --- IDF selector and prior ------------------------------------------------------------------------------
+
+
+def test_idf_table_by_hand():
+    table = idf_table([[1, 2, 2], [1, 3]], vocab_size=5)
+    # N = 2: df(1) = 2, df(2) = df(3) = 1, df(0) = df(4) = 0; idf = ln((1 + N) / (1 + df)) + 1
+    expected = [math.log(3) + 1, 1.0, math.log(1.5) + 1, math.log(1.5) + 1, math.log(3) + 1]
+    assert table.tolist() == pytest.approx(expected)
+
+
+def test_idf_selector_keeps_the_highest_idf_tokens_in_text_order():
+    idf = torch.tensor([0.0, 1.0, 5.0, 3.0, 4.0, 2.0])
+    ids = torch.tensor([[1, 4, 2, 3, 5, 1, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0]])
+    indices, slots = select_idf(ids, mask, 0.5, idf)  # k = 3 of 6: ids 2 (5.0), 4 (4.0), 3 (3.0)
+    assert indices[0][slots[0]].tolist() == [1, 2, 3]
+    tied = torch.tensor([[1, 1, 1, 1]])  # equal IDF: the earlier tokens win
+    assert select_idf(tied, torch.ones_like(tied), 0.5, idf)[0].tolist() == [[0, 1]]
+
+
+def test_idf_selector_model_needs_a_table_and_saves_it(tokenizer, tmp_path):
+    from docembed.errors import DocembedError
+    from docembed.models.registry import load_model
+
+    encoder = tiny(tokenizer, selector="idf")
+    with pytest.raises(DocembedError, match="IDF table"):
+        encoder.encode(TEXTS)
+    encoder.fit_idf(TEXTS)
+    vectors = encoder.encode(TEXTS)
+    ids = encoder.tokenize(TEXTS)
+    table = idf_table(ids, tokenizer.vocab_size)
+    for i, row in enumerate(ids):
+        chosen = vectors.positions[vectors.offsets[i] : vectors.offsets[i + 1]]
+        k = len(chosen)
+        values = table[torch.tensor(row)]
+        assert values[chosen].min() >= values.sort(descending=True).values[k - 1]  # the k highest
+    encoder.save(tmp_path / "m")
+    again = load_model(str(tmp_path / "m")).encode(TEXTS)
+    assert np.array_equal(again.positions, vectors.positions)
+
+
+def test_idf_prior_is_added_to_the_scorer_score(tokenizer):
+    plain, prior = tiny(tokenizer), tiny(tokenizer, idf_prior=2.0)  # same seed: same scorer
+    prior.fit_idf(TEXTS)
+    batch = batch_of(plain)
+    a = plain.model.eval()(batch["input_ids"], batch["attention_mask"])
+    b = prior.model.eval()(batch["input_ids"], batch["attention_mask"])
+    expected = a.all_scores + 2.0 * prior.model.idf[batch["input_ids"]]
+    assert torch.allclose(b.all_scores, expected, atol=1e-6)
+
+
+def test_models_saved_before_the_new_options_still_load(tokenizer, tmp_path):
+    from docembed.models.registry import load_model
+
+    encoder = tiny(tokenizer, seed=2)
+    encoder.save(tmp_path / "m")
+    path = tmp_path / "m" / "config.json"
+    payload = json.loads(path.read_text())
+    for key in ("freeze", "idf_prior"):  # fields older models do not have
+        del payload["config"][key]
+    path.write_text(json.dumps(payload))
+    loaded = load_model(str(tmp_path / "m"))
+    assert loaded.config.freeze == "bottom" and loaded.config.idf_prior == 0.0
+    assert np.allclose(loaded.encode(TEXTS).vectors, encoder.encode(TEXTS).vectors, atol=1e-5)
+
+
+# --- freezing options -----------------------------------------------------------------------------------
+
+
+def _train_steps(encoder, tmp_path, objective="ae", steps=2, **options):
+    from docembed.training.loop import TrainConfig, train
+    from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    targets = None if objective == "ae" else [t[::-1] or "x" for t in TEXTS * 2]
+    examples = tokenize_examples(encoder, TEXTS * 2, targets, 32)
+    recipe = NuggetRecipe(encoder, examples, objective, noise=0.0, batch_size=3, **options)
+    train(recipe, TrainConfig(output_dir=str(tmp_path / "run"), max_steps=steps, lr=1e-2, device="cpu"))
+    return recipe
+
+
+def test_freeze_encoder_trains_only_scorer_value_and_types(tokenizer, tmp_path):
+    encoder = tiny(tokenizer, freeze="encoder")
+    before = {k: v.clone() for k, v in encoder.model.state_dict().items()}
+    _train_steps(encoder, tmp_path)
+    after = encoder.model.state_dict()
+    for key in before:
+        if key.startswith("backbone.encoder."):
+            assert torch.equal(before[key], after[key]), key
+    for key in ("scorer.0.weight", "value.weight", "type_embeddings.weight"):
+        assert not torch.equal(before[key], after[key]), key
+
+
+def test_anchor_penalty_keeps_upper_layers_near_the_warm_start(tokenizer, tmp_path):
+    from docembed.losses.nugget_anchor import NuggetAnchorPenalty
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    penalty = NuggetAnchorPenalty([weight], 0.5)
+    assert float(penalty().detach()) == 0.0
+    with torch.no_grad():
+        weight.add_(torch.tensor([1.0, 0.0, -2.0]))
+    assert float(penalty().detach()) == pytest.approx(0.5 * (1 + 4))
+    key = "backbone.encoder.encoder.layer.3.attention.self.query.weight"
+    drift = {}
+    for anchor in (0.0, 1e4):
+        encoder = tiny(tokenizer)
+        start = encoder.model.state_dict()[key].clone()
+        recipe = _train_steps(encoder, tmp_path / str(anchor), steps=3, anchor_weight=anchor)
+        assert (recipe.module.anchor is not None) == (anchor > 0)
+        drift[anchor] = float((encoder.model.state_dict()[key] - start).norm())
+    assert drift[1e4] < drift[0.0]
+
+
+# --- the similarity objective ---------------------------------------------------------------------------
+
+
+def sim_batch(encoder, recipe_options=None):
+    from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    sources = ["the cat sat on the mat .", "a dog barked at night , loudly .", "rain fell all day long ."]
+    targets = ["on the mat the cat sat .", "loudly , at night a dog barked .", "all day long rain fell ."]
+    examples = tokenize_examples(encoder, sources, targets, 32)
+    recipe = NuggetRecipe(encoder, examples, "sim", batch_size=3, **(recipe_options or {}))
+    return recipe, next(iter(recipe.batches(0)))
+
+
+@pytest.mark.parametrize("residual, learns", [("raw", True), ("straight-through", True), ("none", False)])
+def test_sim_objective_reaches_the_scorer_only_through_the_residual(tokenizer, residual, learns):
+    encoder = tiny(tokenizer, residual=residual)
+    recipe, batch = sim_batch(encoder)
+    model = encoder.model.train()
+    model.zero_grad(set_to_none=True)
+    terms = recipe.module(batch)
+    terms["loss"].backward()
+    grads = [p.grad for p in model.scorer.parameters()]
+    norm = sum(0.0 if g is None else float(g.norm()) for g in grads)
+    assert (norm > 0) == learns
+    assert model.value.weight.grad is not None and float(model.value.weight.grad.norm()) > 0
+
+
+def test_sim_objective_soft_maxsim_tends_to_mean_maxsim(tokenizer):
+    from docembed.losses.nugget_similarity import NuggetSimilarityLoss
+    from docembed.scoring import maxsim_one_to_many
+
+    encoder = tiny(tokenizer, residual="none")
+    loss = NuggetSimilarityLoss(encoder.model, attention_temperature=1e-4)
+    _, batch = sim_batch(encoder)
+    model = encoder.model.eval()
+    with torch.no_grad():
+        a = model(batch["input_ids"], batch["attention_mask"])
+        b = model(batch["other_input_ids"], batch["other_attention_mask"])
+        soft = loss.soft_maxsim(a, b)
+    docs = MultiVectors.from_list([b.nuggets[j][b.slots[j]].numpy() for j in range(3)])
+    for i in range(3):
+        exact = maxsim_one_to_many(a.nuggets[i][a.slots[i]].numpy(), docs)
+        assert np.allclose(soft[i].numpy(), exact, atol=1e-4)
+
+
+def test_sim_objective_on_cached_states_matches_the_full_forward(tokenizer):
+    encoder = tiny(tokenizer, freeze="encoder", feedback=False)
+    assert encoder.model.cacheable and not tiny(tokenizer, freeze="encoder").model.cacheable
+    recipe, batch = sim_batch(encoder)
+    assert "bottom" in batch and "other_top" in batch  # states computed once, reused every epoch
+    encoder.model.eval()
+    cached = recipe.module(batch)["loss"]
+    plain = {k: v for k, v in batch.items() if not k.endswith(("bottom", "top"))}
+    assert torch.allclose(cached, recipe.module(plain)["loss"], atol=1e-2)  # states kept in bf16
+
+
+def test_sim_pairs_are_counted_once_in_either_direction(tokenizer):
+    from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    encoder = tiny(tokenizer)
+    examples = tokenize_examples(encoder, ["a b c .", "d e f ."], ["d e f .", "a b c ."], 32)
+    assert len(NuggetRecipe(encoder, examples, "sim", batch_size=2).examples) == 1
+    assert len(NuggetRecipe(encoder, examples, "mt", batch_size=2).examples) == 2
+
+
+def test_cli_train_nugget_sim_with_frozen_encoder_and_idf_prior(tokenizer, tmp_path):
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+    from docembed.models.registry import load_model
+
+    _save_tiny_bert(tokenizer, tmp_path / "tiny-bert")
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"source": t, "target": t.upper() + " ok"} for t in TEXTS if t]
+    pairs.write_text("\n".join(json.dumps(r) for r in rows * 2) + "\n")
+    args = ["-q", "train-nugget", str(pairs), "-o", str(tmp_path / "model"), "--objective", "sim"]
+    args += ["--backbone", str(tmp_path / "tiny-bert"), "--kind", "bert", "--scorer-layer", "1"]
+    args += ["--freeze", "encoder", "--no-feedback", "--idf-prior", "1", "--max-steps", "2", "-b", "3"]
+    args += ["--max-length", "24", "--decoder-layers", "1"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    model = load_model(str(tmp_path / "model"))
+    assert model.config.idf_prior == 1.0 and model.config.max_length == 24
+    assert float(model.model.idf.max()) > 1.0  # the table was fitted on the training text and saved

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 
 from docembed.errors import CorruptModelError, UsageError
 from docembed.models import paragraph_vector as pv
-from docembed.models.base import l2_normalize
 from docembed.models.paragraph_vector import (
     MAX_PIECE_TOKENS,
     ParagraphVectorEncoder,
@@ -26,6 +25,7 @@ from docembed.models.paragraph_vector import (
     train_paragraph_vectors,
 )
 from docembed.models.registry import load_model
+from docembed.types import l2_normalize
 
 TOPIC_A = [f"apple{i}" for i in range(30)]
 TOPIC_B = [f"boat{i}" for i in range(30)]
@@ -360,7 +360,7 @@ def test_cli_train_pv_then_encode(corpus, tmp_path):
 
     # Training again into a non-empty directory needs --overwrite; stdin cannot be read twice.
     result = runner.invoke(app, args)
-    assert result.exit_code != 0 and isinstance(result.exception, UsageError)
+    assert result.exit_code == 1 and "output exists" in str(result.exception)
     result = runner.invoke(app, ["train-pv", "-", "-o", str(tmp_path / "x"), "--format", "txt"])
     assert isinstance(result.exception, UsageError)
 

@@ -361,3 +361,17 @@ def test_train_quickthoughts_under_torchrun_two_ranks(tmp_path):
     assert summary["corpus"]["sentences"] == 120
     assert len((out / "train_log.jsonl").read_text().splitlines()) == 4
     assert load_model(str(out)).encode(["a good movie. a bad plot."]).shape[0] == 1
+
+
+def test_word_vectors_from_a_text_file_keep_the_vocabulary_words_only(tmp_path):
+    from docembed.models.word_vectors import read_word_vectors, vocabulary_rows
+
+    path = tmp_path / "vectors.txt"
+    path.write_text("3 2\nfilm 1 2\nzzz 9 9\nfilm 5 5\ngood 3 4\n")
+    vocabulary = Vocabulary([PAD, UNK, "good", "film", "absent"])
+    words, table = read_word_vectors(path, keep=vocabulary)
+    assert words == ["film", "good"]  # the first row of a word wins; words outside the vocabulary are skipped
+    matrix, found = vocabulary_rows(words, table, vocabulary)
+    assert matrix.tolist() == [[0, 0], [0, 0], [3, 4], [1, 2], [0, 0]]
+    assert found.tolist() == [False, False, True, True, False]
+    assert len(read_word_vectors(path)[0]) == 4

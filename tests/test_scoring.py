@@ -2,8 +2,8 @@
 
 import numpy as np
 
-from docembed.io.embeddings import MultiVectors
 from docembed.scoring import maxsim_one_to_many, maxsim_pairs, rank, score_one_to_many, score_pairs
+from docembed.types import MultiVectors
 
 
 def naive_mean_maxsim(q, d):

@@ -9,6 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from docembed.cli import app
+from docembed.encoding import EmbeddingCache, model_identity
 from docembed.errors import UsageError
 from docembed.models.offline import minilm_path
 from docembed.models.registry import load_model
@@ -19,13 +20,7 @@ from docembed.models.student import (
     convert_to_long,
     tile_positions,
 )
-from docembed.training.distill_recipe import (
-    DistillRecipe,
-    DistillSettings,
-    TeacherCache,
-    depth_weights,
-    teacher_identity,
-)
+from docembed.training.distill_recipe import DistillRecipe, DistillSettings, depth_weights
 from docembed.training.loop import TrainConfig, train
 
 ORIGINAL = 16  # the tiny source model's positions
@@ -158,7 +153,7 @@ def test_depth_weights_follow_teacher_length():
 
 def test_teacher_cache_computes_once(tmp_path):
     teacher = _FakeTeacher()
-    cache = TeacherCache(tmp_path)
+    cache = EmbeddingCache(tmp_path)
     first = cache.vectors(teacher, ["a b", "c", "a b"])
     assert teacher.calls == [["a b", "c"]]  # duplicates encoded once
     second = cache.vectors(teacher, ["c", "d e f", "a b"])
@@ -166,7 +161,7 @@ def test_teacher_cache_computes_once(tmp_path):
     assert second[:, 0].tolist() == [1.0, 3.0, 2.0] and first[:, 0].tolist() == [2.0, 1.0, 2.0]
     assert cache.vectors(teacher, ["c"])[0, 0] == 1.0 and len(teacher.calls) == 2
     assert len(list(tmp_path.rglob("*.pkl"))) == 0 and len(list(tmp_path.rglob("vectors.npy"))) == 1
-    assert teacher_identity(teacher) == teacher_identity(_FakeTeacher())
+    assert model_identity(teacher) == model_identity(_FakeTeacher())
 
 
 def _tiny_student(tiny_bert_dir):
@@ -304,6 +299,7 @@ def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_p
     result = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")])
     assert result.exit_code == 0, result.output
     assert (out_pv / "pv-teacher" / "config.json").exists() and (out_pv / "model.safetensors").exists()
+    assert (out_pv / "pv-teacher" / "train_log.jsonl").exists()  # trained as train-pv trains
     logged = json.loads((out_pv / "train_log.jsonl").read_text().splitlines()[-1])
     assert "breadth" in logged and "depth" not in logged
     again = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")])
@@ -388,7 +384,7 @@ def test_train_distill_under_torchrun_two_ranks(tiny_bert_dir, tiny_sbert_dir, t
     args += ["--sbert-model", tiny_sbert_dir, "--pv-mode", "dbow", "--pv-dim", "8", "--batch-size", "4"]
     proc = torchrun(*args, "--cache-dir", tmp_path / "cache", "--log-every", "1", "--epochs", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count("all 16 documents cached") == 2  # rank 1, for each teacher
+    assert proc.stderr.count("all 16 texts cached") == 2  # rank 1, for each teacher
     summary = json.loads((out / "train_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["steps"] == 2  # 4 global batches of 4
     logged = json.loads((out / "train_log.jsonl").read_text().splitlines()[-1])

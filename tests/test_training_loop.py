@@ -86,3 +86,95 @@ def test_ranks_take_equal_shares_and_drop_an_incomplete_last_group():
     assert [share(r, 3, 1) for r in range(3)] == [[1, 4], [2, 5], [3, 6]]
     positions = [end for end, _ in _own_batches(iter(range(8)), 1, DistEnv(0, 3, 0))]
     assert positions == [3, 6]  # the checkpoint records whole groups as done
+
+
+def test_every_train_command_takes_the_same_loop_options(monkeypatch):
+    # train-pv is the one exception: gensim's own trainer is the method (its loop options are gensim's).
+    import typer.main
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+    from docembed.cli.training_options import OPTION_NAMES
+
+    monkeypatch.setenv("COLUMNS", "250")
+    commands = typer.main.get_command(app).commands
+    train_commands = sorted(name for name in commands if name.startswith("train-") and name != "train-pv")
+    assert {"train-nugget", "train-distill", "train-quickthoughts", "train-setenc"} <= set(train_commands)
+    for name in train_commands:
+        options = {opt for param in commands[name].params for opt in param.opts}
+        assert set(OPTION_NAMES) | {"--output", "-o", "--limit"} <= options, name
+        help_text = CliRunner().invoke(app, [name, "--help"], terminal_width=250).output
+        listed = [opt for opt in OPTION_NAMES if f" {opt} " in help_text]
+        assert listed == OPTION_NAMES, (name, set(OPTION_NAMES) - set(listed))
+
+
+def test_loop_options_reach_train_config(tmp_path):
+    from docembed.cli.training_options import LoopOptions, loop_options
+
+    seen = {}
+
+    @loop_options(lr=0.5, amp="off")
+    def command(corpus: str, loop: LoopOptions = None):
+        seen["config"] = loop.train_config(tmp_path, seed=3, device="cpu")
+
+    command(corpus="x", epochs=4, time_budget_s=9.0)
+    config = seen["config"]
+    assert (config.lr, config.amp, config.epochs, config.time_budget_s) == (0.5, "off", 4, 9.0)
+    assert (config.output_dir, config.seed, config.weight_decay) == (str(tmp_path), 3, 0.01)
+
+
+def test_checkpoints_store_tied_weights_once_like_saved_models(tmp_path):
+    from safetensors.torch import load_file
+    from torch import nn
+
+    from docembed.models.base import save_state_dict
+    from docembed.training.loop import Checkpoint
+
+    def tied_module():
+        module = nn.Sequential(nn.Embedding(5, 3), nn.Linear(3, 5, bias=False))
+        module[1].weight = module[0].weight
+        return module
+
+    module = tied_module()
+    Checkpoint(tmp_path).save(module, torch.optim.AdamW(module.parameters()), {"step": 1})
+    save_state_dict(module, tmp_path)
+    for path in (tmp_path / "checkpoint" / "model.safetensors", tmp_path / "model.safetensors"):
+        assert list(load_file(str(path))) == ["0.weight"]
+    fresh = tied_module()
+    Checkpoint(tmp_path).load(fresh, torch.optim.AdamW(fresh.parameters()), "cpu")
+    assert torch.equal(fresh[1].weight, module[0].weight) and fresh[1].weight is fresh[0].weight
+
+
+def test_corpus_streams_again_on_every_pass_with_a_limit_per_source(tmp_path, monkeypatch):
+    from docembed.datasets import Corpus
+
+    (tmp_path / "a.txt").write_text("one\ntwo\nthree\n")
+    (tmp_path / "b.jsonl").write_text('{"id": 1, "body": "four"}\n{"id": 2, "body": "five"}\n')
+    monkeypatch.setenv("DOCEMBED_DATA", str(tmp_path))
+    corpus = Corpus([str(tmp_path / "a.txt"), "b.jsonl"], text_field="body", limit=2)
+    assert list(corpus) == ["one", "two", "four", "five"]  # b.jsonl: a path under the data root
+    assert list(corpus) == list(corpus) and not isinstance(iter(corpus), list)
+
+
+def test_pad_sequences_and_packed_sequences():
+    import numpy as np
+
+    from docembed.tensors import PackedSequences, pad_sequences
+
+    ids, mask = pad_sequences([[5, 6, 7], [], np.array([8])], pad_id=-1)
+    assert ids.tolist() == [[5, 6, 7], [-1, -1, -1], [8, -1, -1]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 0], [1, 0, 0]] and ids.dtype == torch.long
+    assert pad_sequences([[], []], pad_id=0)[0].shape == (2, 1)
+    packed = PackedSequences.from_chunks([[[1, 2], [3]], [[], [4, 5, 6]]])
+    assert len(packed) == 4 and packed.lengths.tolist() == [2, 1, 0, 3]
+    assert [packed[i].tolist() for i in range(4)] == [[1, 2], [3], [], [4, 5, 6]]
+
+
+def test_resuming_into_another_model_is_refused(tmp_path):
+    from docembed.errors import CorruptModelError
+    from docembed.training.loop import Checkpoint
+
+    small, other = torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2))
+    Checkpoint(tmp_path).save(small, torch.optim.AdamW(small.parameters()), {"step": 1})
+    with pytest.raises(CorruptModelError, match="does not match"):
+        Checkpoint(tmp_path).load(other, torch.optim.AdamW(other.parameters()), "cpu")

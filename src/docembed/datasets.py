@@ -63,6 +63,50 @@ def iter_texts(name: str, root: str | Path | None = None, limit: int | None = No
         yield doc.text
 
 
+class Corpus:
+    """The texts of training documents, streamed and re-iterable (each pass reads the sources again), like
+    gensim's corpora: `source` is a file (.jsonl/.txt/.tsv, gzip), a data set name under the data root
+    (such as imdb/train), or several of them read one after the other; `limit` caps each source."""
+
+    def __init__(
+        self,
+        sources: str | list[str],
+        format: str | None = None,
+        text_field: str = "text",
+        limit: int | None = None,
+        root: str | Path | None = None,
+        id_field: str = "id",
+        skip_invalid: bool = False,
+    ):
+        self.sources = [sources] if isinstance(sources, str) else list(sources)
+        self.format, self.text_field, self.id_field = format, text_field, id_field
+        self.limit, self.root, self.skip_invalid = limit, root, skip_invalid
+
+    def readers(self) -> Iterator[DocumentReader]:
+        for source in self.sources:
+            if self._is_data_set(source):
+                yield documents(source, self.root, text_field=self.text_field)
+            else:
+                yield DocumentReader(source, self.format, self.id_field, self.text_field, self.skip_invalid)
+
+    def _is_data_set(self, source: str) -> bool:
+        if source == "-" or Path(source).exists():
+            return False
+        if source in manifest():
+            return True
+        try:  # a path relative to the data root
+            return (data_root(self.root) / source).exists()
+        except DocembedError:
+            return False
+
+    def __iter__(self) -> Iterator[str]:
+        for reader in self.readers():
+            for i, doc in enumerate(reader):
+                if self.limit is not None and i >= self.limit:
+                    break
+                yield doc.text
+
+
 def checksum(name: str, root: str | Path | None = None) -> str:
     digest = hashlib.sha256()
     with open(dataset_path(name, root), "rb") as handle:
@@ -72,6 +116,7 @@ def checksum(name: str, root: str | Path | None = None) -> str:
 
 
 __all__ = [
+    "Corpus",
     "Document",
     "checksum",
     "data_root",

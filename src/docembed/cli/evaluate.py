@@ -1,4 +1,4 @@
-"""docembed evaluate: run evaluation tasks on models; docembed fit: fit and save a tfidf/bm25 baseline."""
+"""docembed evaluate: run evaluation tasks on models."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ TASK_HELP = (
 
 def register(app: typer.Typer) -> None:
     app.command("evaluate")(evaluate)
-    app.command("fit")(fit)
 
 
 def evaluate(
@@ -38,19 +37,24 @@ def evaluate(
         1111, "--eval-seed", help="Seed of subsets, shuffles and CV folds (SentEval: 1111)."
     ),
     batch_size: int = common.BATCH_SIZE,
-    output_dir: str = typer.Option(
-        "eval-results", "--output-dir", "-o", help="Folder for one JSON result file per task and model."
+    output: str = typer.Option(
+        "eval-results", "--output", "-o", help="Folder for one JSON result file per task and model."
     ),
+    output_dir: str = common.hidden_alias("--output-dir"),
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Recompute embeddings instead of using the cache."
     ),
 ) -> None:
-    """Evaluate models on tasks: a table on stderr, one JSON line per result on stdout, JSON files in -o."""
+    """Evaluate models on tasks: a table on stderr, one JSON line per result on stdout, JSON files in -o.
+
+    Example: docembed evaluate paraphrase-identification sts -m sbert
+    """
     import json
 
     from docembed.evaluation import TASKS, EvalOptions, load_evaluation_model, resolve_tasks, write_result
     from docembed.runtime import log, resolve_device, stderr_console
 
+    output = output_dir or output
     names = resolve_tasks(tasks)
     options = EvalOptions(
         data_root=data_root, limit=limit, fast=fast, seed=seed, batch_size=batch_size, cache=not no_cache
@@ -64,7 +68,7 @@ def evaluate(
         for name in names:
             log(f"evaluating {model.name} on {name}")
             result = TASKS[name](options).run(model)
-            path = write_result(result, output_dir)
+            path = write_result(result, output)
             for note in result.notes:
                 log(f"  note: {note}")
             log(f"  {result.primary_metric} = {result.score:.2f} ({result.seconds:.1f}s) -> {path}")
@@ -83,42 +87,3 @@ def evaluate(
         )
         table.add_row(r.task, r.model, r.primary_metric, f"{r.score:.2f}", others, f"{r.seconds:.1f}")
     stderr_console().print(table)
-
-
-def fit(
-    family: str = typer.Argument(..., help="Baseline to fit: tfidf or bm25."),
-    input: str = typer.Argument(
-        ..., help="Corpus: .jsonl, .txt (one document per line) or .tsv (id<TAB>text)."
-    ),
-    output: str = typer.Option(
-        ..., "--output", "-o", help="Directory for the fitted model (usable as --model)."
-    ),
-    format: str = common.INPUT_FORMAT,
-    text_field: str = common.TEXT_FIELD,
-    svd_dim: int = typer.Option(
-        None, "--svd-dim", min=0, help="tfidf: size of the dense LSA output of encode (0 = raw tf-idf rows)."
-    ),
-    overwrite: bool = common.OVERWRITE,
-) -> None:
-    """Fit a corpus-statistics baseline (vocabulary, idf) on a corpus and save it as a model directory."""
-    from pathlib import Path
-
-    from docembed.errors import DocembedError, UsageError
-    from docembed.models.registry import get_family
-    from docembed.runtime import log
-
-    if family not in ("tfidf", "bm25"):
-        raise UsageError(f"only tfidf and bm25 are fitted this way, not {family!r}")
-    target = Path(output)
-    if target.exists() and any(target.iterdir()) and not overwrite:
-        raise DocembedError(f"output exists: {output} (pass --overwrite to replace it)")
-    cls = get_family(family)
-    config = cls.config_class()
-    if svd_dim is not None:
-        if family != "tfidf":
-            raise UsageError("--svd-dim applies to tfidf only")
-        config.svd_dim = svd_dim
-    texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
-    model = cls(config, name=family).fit(texts)
-    model.save(target)
-    log(f"fitted {family} on {len(texts)} documents -> {target}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from docembed.cli import common
@@ -20,35 +22,58 @@ def build(
     output: str = typer.Option(..., "--output", "-o", help="Index directory to create."),
     kind: str = typer.Option("flat", "--type", "-t", help="flat (exact) | hnsw | ivf."),
     overwrite: bool = common.OVERWRITE,
+    allow_duplicate_ids: bool = typer.Option(
+        False,
+        "--allow-duplicate-ids",
+        help="Index a set whose ids repeat (search may then return an id twice).",
+    ),
 ) -> None:
-    """Build a faiss index (with ids) over dense or multi-vector embeddings."""
+    """Build a faiss index (with ids) over dense or multi-vector embeddings.
+
+    Example: docembed index build docs.npy -o docs.index && docembed search docs.index --query "cats"
+    """
     import shutil
     from pathlib import Path
 
     from docembed.errors import DocembedError
-    from docembed.index import VectorIndex
+    from docembed.faiss_index import VectorIndex
     from docembed.io.embeddings import load_embeddings
+    from docembed.io.outputs import check_output, output_lock
     from docembed.runtime import log
 
     target = Path(output)
-    if target.exists():
-        if not overwrite:
-            raise DocembedError(f"output exists: {output} (pass --overwrite to replace it)")
-    elif not target.parent.exists():
-        raise DocembedError(f"output folder does not exist: {target.parent}")
+    check_output(target, overwrite, directory=True, inputs=[embeddings])
     emb = load_embeddings(embeddings)
+    duplicates = len(emb.ids) - len(set(emb.ids))
+    if duplicates:
+        first = next(i for i, n in _counts(emb.ids).items() if n > 1)
+        message = f"{embeddings}: {duplicates} duplicate id(s) (first: {first!r})"
+        if not allow_duplicate_ids:
+            raise DocembedError(
+                f"{message}: search would return one document twice; "
+                "pass --allow-duplicate-ids to index them anyway"
+            )
+        log(f"warning: {message}")
     index = VectorIndex.build(emb, kind)
-    staging = target.with_name(f".{target.name}.tmp")
+    staging = target.with_name(f".{target.name}.tmp{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     try:
         index.save(staging)
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
+        with output_lock(target):
+            check_output(target, overwrite, directory=True, inputs=[embeddings])  # again: another writer?
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
     log(f"indexed {what} ({kind}) -> {output}")
+
+
+def _counts(ids):
+    from collections import Counter
+
+    return Counter(ids)
 
 
 def search(
@@ -60,12 +85,15 @@ def search(
     model: str = typer.Option(None, "--model", "-m", help="Query encoder (default: the index's model)."),
     batch_size: int = common.BATCH_SIZE,
 ) -> None:
-    """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout."""
+    """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout.
+
+    Example: docembed search docs.index --query "how do I catch an exception" -k 5
+    """
     import json
     import sys
 
     from docembed.errors import UsageError
-    from docembed.index import VectorIndex
+    from docembed.faiss_index import VectorIndex
     from docembed.io.readers import batched
     from docembed.runtime import resolve_device
 

@@ -26,7 +26,10 @@ def plot(
     title: str = typer.Option(None, "--title", help="Figure title (default: the model name and file)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output."),
 ) -> None:
-    """t-SNE map of EMBEDDINGS coloured by label. Multi-vector embeddings are mean-pooled first."""
+    """t-SNE map of EMBEDDINGS coloured by label. Multi-vector embeddings are mean-pooled first.
+
+    Example: docembed plot docs.npy --labels docs.jsonl -o map.png
+    """
     from docembed.errors import DocembedError
     from docembed.io.embeddings import check_output_path, load_embeddings
     from docembed.runtime import log, settings
@@ -76,7 +79,7 @@ def plot(
 def _dense(data):
     import numpy as np
 
-    from docembed.io.embeddings import MultiVectors
+    from docembed.types import MultiVectors
 
     if isinstance(data, MultiVectors):
         counts = np.maximum(data.counts, 1)[:, None]

@@ -1,40 +1,19 @@
-"""docembed convert-long / train-distill: the long-document student (Burian's Longformer distilled from SBERT
-for depth and Paragraph Vector for breadth)."""
+"""docembed train-distill: the long-document student (Burian's Longformer distilled from SBERT for depth and
+Paragraph Vector for breadth)."""
 
 from __future__ import annotations
 
 import typer
 
 from docembed.cli import common
+from docembed.cli.training_options import LoopOptions, loop_options
 
 
 def register(app: typer.Typer) -> None:
-    app.command("convert-long")(convert_long)
     app.command("train-distill")(train_distill)
 
 
-def convert_long(
-    source: str = typer.Argument(
-        "sbert",
-        help="sbert/minilm (offline all-MiniLM-L6-v2), a BERT/RoBERTa checkpoint folder, a hub id, "
-        "or a Longformer (allenai/longformer-base-4096) to wrap as is.",
-    ),
-    output: str = typer.Option(..., "--output", "-o", help="Directory for the student."),
-    max_length: int = typer.Option(4096, "--max-length", min=2, help="Tokens the student reads."),
-    attention_window: int = typer.Option(256, "--attention-window", min=2, help="Sliding window (even)."),
-    normalize: bool = typer.Option(True, "--normalize/--no-normalize", help="Unit-length embeddings."),
-    overwrite: bool = common.OVERWRITE,
-) -> None:
-    """Turn a short encoder into a long student: tiled positions, sliding-window attention."""
-    from docembed.models.student import convert_long as convert
-    from docembed.runtime import log
-
-    out = _output_dir(output, overwrite)
-    student = convert(source, max_length, attention_window, normalize)
-    student.save(out)
-    log(f"long student from {source}: {student.config.max_length} tokens, window {attention_window} -> {out}")
-
-
+@loop_options(lr=2e-5, save_every=200)
 def train_distill(
     corpus: str = typer.Argument(..., help="Training documents: .jsonl, .txt (one per line) or .tsv."),
     output: str = typer.Option(..., "--output", "-o", help="Directory for the trained student."),
@@ -76,38 +55,37 @@ def train_distill(
         1.0, "--decorrelation-weight", help="Soft CCA decorrelation weight."
     ),
     batch_size: int = typer.Option(8, "--batch-size", "-b", min=1, help="Documents per micro-batch."),
-    grad_accum: int = typer.Option(1, "--grad-accum", min=1, help="Micro-batches per optimizer step."),
-    epochs: int = typer.Option(1, "--epochs", min=1),
-    max_steps: int = typer.Option(None, "--max-steps", min=1),
-    time_budget: float = typer.Option(None, "--time-budget", help="Stop (and save) after this many seconds."),
-    lr: float = typer.Option(2e-5, "--lr"),
-    warmup_steps: int = typer.Option(0, "--warmup-steps", min=0),
     gradient_checkpointing: bool = typer.Option(
         False, "--gradient-checkpointing", help="Trade compute for memory."
     ),
-    amp: str = typer.Option("auto", "--amp", help="auto | off | bf16 | fp16 (CUDA only)."),
-    limit: int = typer.Option(None, "--limit", min=1, help="Use only the first N documents of CORPUS."),
+    freeze_embeddings: bool = typer.Option(
+        False, "--freeze-embeddings", help="Keep the word/position embeddings fixed (train the layers only)."
+    ),
+    limit: int = common.LIMIT,
+    max_docs: int = common.hidden_alias("--max-docs", min=1),
     cache_dir: str = typer.Option(
         None, "--cache-dir", help="Teacher vector cache (default $DOCEMBED_HOME/cache/teachers)."
     ),
-    log_every: int = typer.Option(10, "--log-every", min=1),
-    save_every: int = typer.Option(200, "--save-every", min=1),
-    resume: bool = typer.Option(False, "--resume", help="Continue from <output>/checkpoint."),
     format: str = common.INPUT_FORMAT,
     id_field: str = common.ID_FIELD,
     text_field: str = common.TEXT_FIELD,
+    loop: LoopOptions = None,
 ) -> None:
-    """Distil a long student: L = lambda(x) L_depth(student, sbert) + L_breadth(student, pv)."""
+    """Distil a long student: L = lambda(x) L_depth(student, sbert) + L_breadth(student, pv).
+
+    Example: docembed train-distill corpus.jsonl -o models/student --teacher sbert,pv
+    """
     import itertools
     import json
     from pathlib import Path
 
+    from docembed.encoding import EmbeddingCache
     from docembed.errors import UsageError
     from docembed.models.registry import models_home
     from docembed.models.student import StudentEncoder, convert_long
     from docembed.runtime import log, resolve_device, seed_everything, settings
-    from docembed.training.distill_recipe import DistillRecipe, DistillSettings, TeacherCache
-    from docembed.training.loop import TrainConfig, is_main_process, main_process_first, train
+    from docembed.training.distill_recipe import DistillRecipe, DistillSettings
+    from docembed.training.loop import is_main_process, main_process_first, train
 
     seed_everything()  # torch is imported now: seed the model's initialisation too
 
@@ -117,12 +95,12 @@ def train_distill(
     if corpus == "-":
         raise UsageError("train-distill reads its corpus more than once: give a file, not stdin")
     out = Path(output)
-    if (out / "config.json").exists() and not resume:
+    if (out / "config.json").exists() and not loop.resume:
         # A finished student is someone's result: don't train over it.
         raise UsageError(f"{output} already holds a model (use another -o, or --resume)")
     out.mkdir(parents=True, exist_ok=True)
     reader = common.reader(corpus, format, id_field, text_field, False)
-    texts = [doc.text for doc in itertools.islice(reader, limit)]
+    texts = [doc.text for doc in itertools.islice(reader, limit or max_docs)]
     if len(texts) < 2:
         raise UsageError(f"{corpus}: need at least 2 documents, found {len(texts)}")
     device = resolve_device()
@@ -138,13 +116,21 @@ def train_distill(
         f"window {model.config.attention_window}"
     )
 
-    cache = TeacherCache(cache_dir or models_home() / "cache" / "teachers")
+    cache = EmbeddingCache(cache_dir or models_home() / "cache" / "teachers")
     sbert_vectors = sbert_weights = pv_vectors = None
     with main_process_first(device):  # under torchrun, rank 0 fills the cache and the others read it
         if "sbert" in teachers:
             sbert_vectors, sbert_weights = _sbert_teacher(cache, sbert_model, texts, depth_weight, device)
         if "pv" in teachers:
-            pv_model, pv_vectors = _pv_teacher(cache, pv_model, texts, out, corpus, format, pv_mode, pv_dim)
+            pv_model, pv_vectors = _pv_teacher(
+                cache,
+                pv_model,
+                texts,
+                out,
+                common.reader(corpus, format, id_field, text_field, False),
+                pv_mode,
+                pv_dim,
+            )
 
     recipe = DistillRecipe(
         model,
@@ -160,30 +146,14 @@ def train_distill(
             decorrelation_weight=decorrelation_weight,
             batch_size=batch_size,
             gradient_checkpointing=gradient_checkpointing,
+            freeze_embeddings=freeze_embeddings,
             seed=settings.seed,
         ),
         sbert_vectors=sbert_vectors,
         sbert_weights=sbert_weights,
         pv_vectors=pv_vectors,
     )
-    summary = train(
-        recipe,
-        TrainConfig(
-            output_dir=str(out),
-            epochs=epochs,
-            max_steps=max_steps,
-            lr=lr,
-            warmup_steps=warmup_steps,
-            grad_accum=grad_accum,
-            amp=amp,
-            log_every=log_every,
-            save_every=save_every,
-            resume=resume,
-            seed=settings.seed,
-            device=device,
-            time_budget_s=time_budget,
-        ),
-    )
+    summary = train(recipe, loop.train_config(out, settings.seed, device))
     if not is_main_process():
         return
     (out / "distill.json").write_text(
@@ -224,38 +194,23 @@ def _sbert_teacher(cache, sbert_model: str, texts: list[str], depth_weight: floa
     return vectors, weights
 
 
-def _pv_teacher(cache, pv_model: str | None, texts: list[str], out, corpus: str, format, mode: str, dim: int):
+def _pv_teacher(cache, pv_model: str | None, texts: list[str], out, documents, mode: str, dim: int):
     """The breadth teacher's path and its vectors of `texts` (cached). Without --pv-model, a PV teacher is
-    first trained on CORPUS into OUTPUT/pv-teacher (kept, so a resumed run reuses it)."""
+    first trained on `documents` (the whole corpus) into OUTPUT/pv-teacher (kept, so a resumed run reuses
+    it)."""
     from pathlib import Path
 
+    from docembed.cli.train_pv import train_and_save
+    from docembed.models.paragraph_vector import PVConfig
     from docembed.models.registry import load_model
     from docembed.runtime import log, settings
 
     if pv_model is None:
         pv_model = str(out / "pv-teacher")
         if not (Path(pv_model) / "config.json").exists():
-            log(f"no --pv-model: training a PV teacher ({mode}, dim {dim}) on {corpus} -> {pv_model}")
-            from docembed.cli import app
-
-            args = ["--seed", str(settings.seed), *(["-q"] if settings.quiet else [])]
-            args += ["train-pv", corpus, "-o", pv_model, "--mode", mode, "--dim", str(dim), "--workers", "1"]
-            if format:
-                args += ["--format", format]
-            app(args, standalone_mode=False)
+            log(f"no --pv-model: training a PV teacher ({mode}, dim {dim}) on {documents.name} -> {pv_model}")
+            # train-pv's defaults, one worker thread so the teacher is reproducible
+            config = PVConfig(mode=mode, vector_size=dim, workers=1, seed=settings.seed)
+            train_and_save(documents, config, pv_model)
     pv = load_model(pv_model)
     return pv_model, cache.vectors(pv, texts, label=f"pv teacher ({pv.name})")
-
-
-def _output_dir(output: str, overwrite: bool):
-    import shutil
-    from pathlib import Path
-
-    from docembed.errors import UsageError
-
-    out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise UsageError(f"{output} exists and is not empty (use --overwrite to replace it)")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    return out

@@ -47,14 +47,15 @@ def train_pv(
     skip_invalid: bool = common.SKIP_INVALID,
     overwrite: bool = common.OVERWRITE,
 ) -> None:
-    """Train Paragraph Vectors on CORPUS (streamed: read once for the vocabulary, then once per epoch)."""
-    import json
+    """Train Paragraph Vectors on CORPUS (streamed: read once for the vocabulary, then once per epoch).
+
+    Example: docembed train-pv corpus.jsonl -o models/pv --mode dbow
+    """
     import shutil
-    import time
     from pathlib import Path
 
     from docembed.errors import UsageError
-    from docembed.models.paragraph_vector import PVConfig, train_paragraph_vectors
+    from docembed.models.paragraph_vector import PVConfig
     from docembed.runtime import log, settings, torchrun_rank
 
     rank, world_size = torchrun_rank()
@@ -66,10 +67,11 @@ def train_pv(
     if corpus == "-":
         raise UsageError("train-pv reads its corpus several times: give a file, not stdin")
     out = Path(output)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not overwrite:
-            raise UsageError(f"{output} exists and is not empty (use --overwrite to replace it)")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
+    from docembed.io.outputs import check_output
+
+    check_output(out, overwrite, directory=True, inputs=[corpus])
+    if out.is_dir() and any(out.iterdir()):
+        shutil.rmtree(out)
     config = PVConfig(
         mode=mode,
         vector_size=dim,
@@ -89,6 +91,20 @@ def train_pv(
         normalize=normalize,
     )
     documents = common.reader(corpus, format, id_field, text_field, skip_invalid)
+    train_and_save(documents, config, out)
+
+
+def train_and_save(documents, config, out):
+    """Train Paragraph Vectors on `documents` (a re-iterable DocumentReader), save the model and its
+    train_log.jsonl to `out`; returns the encoder. Also what train-distill calls for its PV teacher."""
+    import json
+    import time
+    from pathlib import Path
+
+    from docembed.models.paragraph_vector import train_paragraph_vectors
+    from docembed.runtime import log
+
+    out = Path(out)
     started = time.perf_counter()
     encoder, stats = train_paragraph_vectors(documents, config)
     if documents.skipped:
@@ -98,6 +114,7 @@ def train_pv(
         for entry in stats:
             handle.write(json.dumps(entry.to_dict()) + "\n")
     log(
-        f"trained pv-{mode} (dim {encoder.dim}) on {len(encoder.tags)} documents in "
+        f"trained pv-{config.mode} (dim {encoder.dim}) on {len(encoder.tags)} documents in "
         f"{time.perf_counter() - started:.1f}s -> {out}"
     )
+    return encoder

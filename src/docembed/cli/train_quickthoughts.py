@@ -5,21 +5,23 @@ from __future__ import annotations
 import typer
 
 from docembed.cli import common
+from docembed.cli.training_options import LoopOptions, loop_options
 
 
 def register(app: typer.Typer) -> None:
     app.command("train-quickthoughts")(train_quickthoughts)
 
 
+# The reference trains with plain Adam (no weight decay) and clips at 5.
+@loop_options(lr=5e-4, weight_decay=0.0, max_grad_norm=5.0, log_every=20)
 def train_quickthoughts(
     corpus: list[str] = typer.Argument(
         ..., help="Documents: .jsonl/.txt/.tsv files, or data-set names under the data root (imdb/train)."
     ),
     output: str = typer.Option(..., "--output", "-o", help="Directory for the trained model."),
     text_field: str = common.TEXT_FIELD,
-    max_docs: int = typer.Option(
-        None, "--max-docs", min=1, help="Read at most this many documents per corpus."
-    ),
+    limit: int = common.LIMIT,
+    max_docs: int = common.hidden_alias("--max-docs", min=1),
     context_size: int = typer.Option(1, "--context", min=1, help="Neighbours on each side that are targets."),
     hidden_size: int = typer.Option(300, "--hidden", min=1, help="GRU hidden size (per direction)."),
     bidirectional: bool = typer.Option(False, "--bidirectional/--unidirectional", help="Bidirectional GRUs."),
@@ -37,37 +39,24 @@ def train_quickthoughts(
     cased: bool = typer.Option(False, "--cased", help="Keep case (GloVe 6B is lower-cased)."),
     output_mode: str = typer.Option("mean", "--output-mode", help="mean (one vector per doc) | sentences."),
     batch_size: int = typer.Option(400, "--batch-size", "-b", min=2, help="Consecutive sentences per batch."),
-    epochs: int = typer.Option(1, "--epochs", min=1),
-    max_steps: int = typer.Option(None, "--max-steps", min=1),
-    time_budget: float = typer.Option(None, "--time-budget", help="Stop (and save) after this many seconds."),
-    lr: float = typer.Option(5e-4, "--lr"),
-    max_grad_norm: float = typer.Option(5.0, "--max-grad-norm"),
-    log_every: int = typer.Option(20, "--log-every", min=1),
-    resume: bool = typer.Option(False, "--resume", help="Continue from <output>/checkpoint."),
     data_root: str = common.DATA_ROOT,
+    loop: LoopOptions = None,
 ) -> None:
-    """Train QuickThoughts (Logeswaran & Lee 2018) on the sentences of CORPUS, in document order."""
-    import itertools
+    """Train QuickThoughts (Logeswaran & Lee 2018) on the sentences of CORPUS, in document order.
+
+    Example: docembed train-quickthoughts corpus.txt -o models/qt --context 1
+    """
     import json
     from pathlib import Path
 
-    from docembed.datasets import documents
-    from docembed.io.readers import DocumentReader
+    from docembed.datasets import Corpus
     from docembed.models.quickthoughts import QuickThoughtsConfig
     from docembed.runtime import log, seed_everything, settings
-    from docembed.training.loop import TrainConfig, is_main_process, train
+    from docembed.training.loop import is_main_process, train
     from docembed.training.quickthoughts_recipe import QuickThoughtsRecipe, SentenceCorpus, initial_embeddings
 
-    def texts():
-        for source in corpus:
-            reader = (
-                DocumentReader(source, None, text_field=text_field)
-                if Path(source).exists() or source == "-"
-                else documents(source, data_root, text_field=text_field)
-            )
-            for doc in itertools.islice(reader, max_docs):
-                yield doc.text
-
+    limit = limit or max_docs
+    texts = Corpus(corpus, text_field=text_field, limit=limit, root=data_root)
     config = QuickThoughtsConfig(
         hidden_size=hidden_size,
         bidirectional=bidirectional,
@@ -77,7 +66,7 @@ def train_quickthoughts(
         context_size=context_size,
         output=output_mode,
     )
-    sentences = SentenceCorpus.build(texts(), min_count, max_vocab, max_length, lowercase=not cased)
+    sentences = SentenceCorpus.build(texts, min_count, max_vocab, max_length, lowercase=not cased)
     unk_rate = float((sentences.tokens == sentences.vocabulary.unk_id).mean())
     log(
         f"corpus: {sentences.num_documents} documents, {sentences.num_sentences} sentences, "
@@ -91,25 +80,13 @@ def train_quickthoughts(
     recipe = QuickThoughtsRecipe(
         sentences, config, batch_size=batch_size, seed=settings.seed, embeddings=matrix
     )
-    train_config = TrainConfig(
-        output_dir=output,
-        epochs=epochs,
-        max_steps=max_steps,
-        lr=lr,
-        weight_decay=0.0,  # the reference trains with plain Adam
-        max_grad_norm=max_grad_norm,
-        log_every=log_every,
-        resume=resume,
-        seed=settings.seed,
-        device=settings.device,
-        time_budget_s=time_budget,
-    )
+    train_config = loop.train_config(output, settings.seed, settings.device)
     summary = train(recipe, train_config)
     if not is_main_process():  # rank 0 alone writes and reports under torchrun
         return
     summary["corpus"] = {
         "sources": corpus,
-        "max_docs": max_docs,
+        "max_docs": limit,
         "documents": sentences.num_documents,
         "sentences": sentences.num_sentences,
         "tokens": int(len(sentences.tokens)),

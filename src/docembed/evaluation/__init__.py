@@ -74,9 +74,7 @@ def load_evaluation_model(spec: str, device: str = "cpu"):
         if spec not in UNFITTED_BASELINES:
             raise
         cls = get_family(spec)
-        model = cls(cls.config_class(), name=spec)
-        model.fit_per_task = True
-        return model
+        return cls(cls.config_class(), name=spec)
 
 
 def result_filename(result: EvalResult) -> str:
@@ -85,7 +83,7 @@ def result_filename(result: EvalResult) -> str:
 
 
 def write_result(result: EvalResult, output_dir: str | Path) -> Path:
-    from docembed.io.embeddings import atomic_path
+    from docembed.io.outputs import atomic_path
 
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)

@@ -10,8 +10,8 @@ JSON-ready result.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,9 +21,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from docembed.errors import UsageError
-from docembed.io.embeddings import MultiVectors, Vectors
+from docembed.types import MultiVectors, Vectors
 
 TASKS: dict[str, type[Evaluator]] = {}
+# Models an evaluator fitted itself on a task's text: the next task fits them again on its own.
+_FITTED_HERE: weakref.WeakSet = weakref.WeakSet()
 
 
 def register_task(cls: type[Evaluator]) -> type[Evaluator]:
@@ -96,11 +98,13 @@ class Evaluator(ABC):
             )
         self.notes = []
         started = time.perf_counter()
-        # A baseline built unfitted (`--model tfidf`) is refitted for every task on that task's own text.
-        if getattr(model, "requires_fit", False) or getattr(model, "fit_per_task", False):
+        # A baseline built unfitted (`--model tfidf`) is fitted for every task on that task's own text; one
+        # fitted before the evaluation (a saved model) is used as it is.
+        if getattr(model, "requires_fit", False) or model in _FITTED_HERE:
             texts = self.fit_texts()
             log(f"fitting {model.name} on {len(texts)} training texts of {self.name}")
             model.fit(texts)
+            _FITTED_HERE.add(model)
             self.notes.append(f"{model.family} fitted on {len(texts)} texts: {self.fit_description()}")
         metrics = self.compute(model)
         seconds = time.perf_counter() - started
@@ -164,51 +168,11 @@ def cache_dir() -> Path:
     return models_home() / "cache" / "embeddings"
 
 
-def cache_key(model, texts: Sequence[str]) -> str:
-    """Model family + config hash + where it was loaded from + fitted state + the exact texts."""
-    from docembed.models.baselines import texts_hash
-
-    parts = [model.family, model.config_hash(), str(model.source), str(getattr(model, "fitted_on", None))]
-    if model.source and Path(model.source).is_dir():
-        # a model retrained into the same directory must not reuse the old vectors
-        parts += [
-            f"{p.name}:{p.stat().st_size}:{p.stat().st_mtime_ns}"
-            for p in sorted(Path(model.source).iterdir())
-        ]
-    digest = hashlib.sha256("\0".join(parts).encode())
-    digest.update(texts_hash(texts).encode())
-    return digest.hexdigest()[:32]
-
-
 def cached_encode(model, texts: Sequence[str], batch_size: int = 32, use_cache: bool = True) -> Vectors:
-    """model.encode(texts), computed once per (model, texts) and kept under the models home."""
-    from docembed.io.embeddings import EmbeddingSet, load_embeddings, save_embeddings
-    from docembed.runtime import debug, progress_bar
+    """model.encode(texts), each text computed once per model and kept under the models home."""
+    from docembed.encoding import EmbeddingCache, encode_texts
 
     texts = list(texts)
-    path = cache_dir() / f"{cache_key(model, texts)}.safetensors"
-    if use_cache and path.exists():
-        try:
-            cached = load_embeddings(str(path))
-            if len(cached) == len(texts):
-                debug(f"embedding cache hit: {path.name}")
-                return cached.data
-        except Exception:  # a damaged cache file is recomputed, never trusted
-            pass
-    parts: list[Vectors] = []
-    chunk = 1024
-    with progress_bar(f"embed [{model.name}]", total=len(texts)) as bar:
-        for start in range(0, len(texts), chunk):
-            parts.append(model.encode(texts[start : start + chunk], batch_size=batch_size))
-            bar.advance(len(texts[start : start + chunk]))
-    if not parts:
-        parts = [model.encode([], batch_size=batch_size)]
-    from docembed.io.embeddings import concat_vectors
-
-    vectors = concat_vectors(parts)
-    if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save_embeddings(
-            EmbeddingSet(vectors, [str(i) for i in range(len(texts))], model.metadata()), str(path)
-        )
-    return vectors
+    if not use_cache:
+        return encode_texts(model, texts, batch_size, total=len(texts), label=f"embed [{model.name}]")
+    return EmbeddingCache(cache_dir()).vectors(model, texts, batch_size)

@@ -11,7 +11,7 @@ from docembed.errors import DocembedError
 from docembed.evaluation import metrics
 from docembed.evaluation.base import Evaluator, register_task
 from docembed.evaluation.probes import senteval_cv_accuracy, train_test_predictions
-from docembed.io.embeddings import MultiVectors, Vectors
+from docembed.types import MultiVectors, Vectors
 
 LONG_DOCUMENT_TOKENS = 512
 

@@ -5,7 +5,7 @@ document, as NUGGET or all-token SBERT produce) are stored flat: `vectors[total,
 (document i owns rows offsets[i]:offsets[i+1]) and optionally `positions[total]` (the token index each
 vector came from). Both travel with `ids[n]` and a metadata dict (model, config hash, dim, normalized,
 docembed version) in every container: .npy (+ sidecars), .npz, .safetensors, .parquet, .jsonl.
-All writes are atomic: a temporary file in the same folder, renamed when complete.
+All writes are all or nothing (io/outputs.py): every file complete before any is renamed into place.
 
 A *shard directory* (what `docembed encode --engine ray` writes) holds `part-00000.parquet`, ... - each one
 an ordinary .parquet embeddings file of a contiguous slice of the input - and `manifest.json`, which lists
@@ -15,16 +15,15 @@ them in input order; `load_embeddings(DIR)` reads the whole directory back as on
 from __future__ import annotations
 
 import json
-import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
+from docembed.io.outputs import OutputSet, check_output, describe_os_error
+from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 
 OUTPUT_FORMATS = ("npy", "npz", "safetensors", "parquet", "jsonl")
 BINARY_FORMATS = ("npy", "npz", "safetensors", "parquet")
@@ -36,94 +35,6 @@ def shard_file_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-@dataclass
-class MultiVectors:
-    """Variable-length sets of vectors, stored flat."""
-
-    vectors: np.ndarray
-    offsets: np.ndarray
-    positions: np.ndarray | None = None
-
-    def __post_init__(self):
-        self.offsets = np.asarray(self.offsets, dtype=np.int64)
-        if self.offsets[0] != 0 or self.offsets[-1] != len(self.vectors) or np.any(np.diff(self.offsets) < 0):
-            raise ValueError("offsets must start at 0, be non-decreasing and end at len(vectors)")
-        if self.positions is not None and len(self.positions) != len(self.vectors):
-            raise ValueError("positions must have one entry per vector")
-
-    def __len__(self) -> int:
-        return len(self.offsets) - 1
-
-    def __getitem__(self, i: int) -> np.ndarray:
-        return self.vectors[self.offsets[i] : self.offsets[i + 1]]
-
-    @property
-    def dim(self) -> int:
-        return self.vectors.shape[1]
-
-    @property
-    def counts(self) -> np.ndarray:
-        return np.diff(self.offsets)
-
-    @classmethod
-    def from_list(cls, items: Sequence[np.ndarray], positions: Sequence[np.ndarray] | None = None):
-        dim = items[0].shape[1] if items else 0
-        vectors = np.concatenate(items).astype(np.float32, copy=False) if items else np.zeros((0, dim))
-        offsets = np.concatenate([[0], np.cumsum([len(v) for v in items])])
-        pos = np.concatenate(positions).astype(np.int64) if positions is not None and items else None
-        return cls(vectors, offsets, pos)
-
-    @classmethod
-    def concat(cls, parts: Sequence[MultiVectors]) -> MultiVectors:
-        vectors = np.concatenate([p.vectors for p in parts])
-        sizes = np.concatenate([p.counts for p in parts])
-        offsets = np.concatenate([[0], np.cumsum(sizes)])
-        has_pos = all(p.positions is not None for p in parts)
-        positions = np.concatenate([p.positions for p in parts]) if has_pos else None
-        return cls(vectors, offsets, positions)
-
-    def select(self, indices: Sequence[int]) -> MultiVectors:
-        return MultiVectors.from_list(
-            [self[i] for i in indices],
-            None
-            if self.positions is None
-            else [self.positions[self.offsets[i] : self.offsets[i + 1]] for i in indices],
-        )
-
-
-Vectors = np.ndarray | MultiVectors
-
-
-def concat_vectors(parts: Sequence[Vectors]) -> Vectors:
-    if parts and isinstance(parts[0], MultiVectors):
-        return MultiVectors.concat(parts)
-    return np.concatenate(parts) if parts else np.zeros((0, 0), dtype=np.float32)
-
-
-@dataclass
-class EmbeddingSet:
-    """Embeddings with their document ids and metadata: what `encode` writes and `load_embeddings` reads."""
-
-    data: Vectors
-    ids: list[str]
-    metadata: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if len(self.ids) != len(self.data):
-            raise ValueError(f"{len(self.ids)} ids for {len(self.data)} embeddings")
-
-    @property
-    def is_multi(self) -> bool:
-        return isinstance(self.data, MultiVectors)
-
-    @property
-    def dim(self) -> int:
-        return self.data.dim if self.is_multi else int(self.data.shape[1])
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-
 def format_from_path(path: str) -> str:
     suffix = Path(path).suffix.lower().lstrip(".")
     if suffix in OUTPUT_FORMATS:
@@ -131,27 +42,9 @@ def format_from_path(path: str) -> str:
     raise UsageError(f"cannot tell the output format of {path!r}: use one of .{', .'.join(OUTPUT_FORMATS)}")
 
 
-def check_output_path(path: str, overwrite: bool) -> None:
-    """Fail early, before any work, on an output that exists or lies in a missing folder."""
-    if path == "-":
-        return
-    p = Path(path)
-    if not p.parent.exists():
-        raise DocembedError(f"output folder does not exist: {p.parent}")
-    if p.exists() and not overwrite:
-        raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
-
-
-@contextmanager
-def atomic_path(path: Path) -> Iterator[Path]:
-    """A temporary sibling of `path` that replaces it only if the block finishes (no half-written output)."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+def check_output_path(path: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
+    """Fail early, before any work, on an output that may not be written (the rule: io/outputs.py)."""
+    check_output(path, overwrite, inputs=inputs)
 
 
 def _sidecar(path: Path, kind: str) -> Path:
@@ -159,12 +52,41 @@ def _sidecar(path: Path, kind: str) -> Path:
     return path.with_name(f"{stem}.{kind}")
 
 
-def save_embeddings(emb: EmbeddingSet, path: str, format: str | None = None) -> list[Path]:
+def _jsonl_meta(path: Path) -> Path:
+    # not x.meta.json: that is the sidecar of x.npy, and the two may sit side by side
+    return path.with_name(f"{path.name}.meta.json")
+
+
+# Characters that end a line in x.ids.txt (a .npy set's ids, one per line) or in editors that read it.
+LINE_BREAKS = ("\n", "\r", "\u2028", "\u2029", "\x85")
+
+
+def check_ids(ids: Sequence[str], format: str) -> None:
+    """Ids are strings; a .npy set stores them one per line, so there they may not hold a line break."""
+    for position, doc_id in enumerate(ids):
+        if not isinstance(doc_id, str):
+            raise DocembedError(f"id #{position} is a {type(doc_id).__name__}, not a string")
+        if format == "npy" and any(c in doc_id for c in LINE_BREAKS):
+            raise DocembedError(
+                f"id #{position} {doc_id!r} holds a line break, which a .npy set cannot store "
+                "(its ids are one per line): use .npz, .safetensors, .parquet or .jsonl"
+            )
+
+
+def save_embeddings(
+    emb: EmbeddingSet,
+    path: str,
+    format: str | None = None,
+    overwrite: bool = True,
+    inputs: Sequence[str] = (),
+) -> list[Path]:
     """Write `emb` to `path` (format from the suffix unless given); '-' writes JSON Lines to stdout.
-    Returns the files written."""
+    All files of the set are written completely before any is renamed into place; with overwrite=False an
+    output that appeared meanwhile (another process) is an error, not replaced. Returns the files written."""
     format = format or ("jsonl" if path == "-" else format_from_path(path))
     if format not in OUTPUT_FORMATS:
         raise UsageError(f"unknown output format {format!r}; choose one of {', '.join(OUTPUT_FORMATS)}")
+    check_ids(emb.ids, format)
     metadata = dict(emb.metadata, dim=emb.dim, count=len(emb), kind="multi" if emb.is_multi else "dense")
     if path == "-":
         if format in BINARY_FORMATS:
@@ -175,20 +97,23 @@ def save_embeddings(emb: EmbeddingSet, path: str, format: str | None = None) -> 
         sys.stdout.flush()
         return []
     target = Path(path)
-    writers = {"npy": _save_npy, "npz": _save_npz, "safetensors": _save_safetensors, "parquet": _save_parquet}
-    if format == "jsonl":
-        with atomic_path(target) as tmp:
-            with open(tmp, "w", encoding="utf-8") as handle:
-                _write_jsonl(emb, handle)
-            meta_path = _sidecar(target, "meta.json")
-            _write_json_atomic(meta_path, metadata)
-        return [target, meta_path]
-    return writers[format](emb, target, metadata)
+    writers = {
+        "npy": _save_npy,
+        "npz": _save_npz,
+        "safetensors": _save_safetensors,
+        "parquet": _save_parquet,
+        "jsonl": _save_jsonl,
+    }
+    with OutputSet(target, overwrite, inputs) as output:
+        try:
+            writers[format](emb, target, metadata, output)
+        except OSError as error:  # named here: the writers' errors name a temporary file, or nothing
+            raise DocembedError(f"cannot write {target}: {describe_os_error(error, path=False)}") from None
+        return output.commit()
 
 
-def _write_json_atomic(path: Path, obj) -> None:
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+def _write_json(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _write_jsonl(emb: EmbeddingSet, handle) -> None:
@@ -203,31 +128,29 @@ def _write_jsonl(emb: EmbeddingSet, handle) -> None:
         handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def _save_npy(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
-    # .npy holds one array, so ids, metadata and (multi-vector) offsets/positions go in sidecar files;
-    # the main file is renamed last so its presence means the set is complete.
-    written = []
-    ids_path = _sidecar(target, "ids.txt")
-    with atomic_path(ids_path) as tmp:
-        tmp.write_text("".join(f"{i}\n" for i in emb.ids), encoding="utf-8")
-    written.append(ids_path)
-    meta_path = _sidecar(target, "meta.json")
-    _write_json_atomic(meta_path, metadata)
-    written.append(meta_path)
+def _save_jsonl(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
+    with open(output.temporary(target), "w", encoding="utf-8") as handle:
+        _write_jsonl(emb, handle)
+    _write_json(output.temporary(_jsonl_meta(target)), metadata)
+
+
+def _save_npy(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
+    # .npy holds one array, so ids, metadata and (multi-vector) offsets/positions go in sidecar files
+    output.temporary(_sidecar(target, "ids.txt")).write_text(
+        "".join(f"{i}\n" for i in emb.ids), encoding="utf-8"
+    )
+    _write_json(output.temporary(_sidecar(target, "meta.json")), metadata)
     if isinstance(emb.data, MultiVectors):
         for name in ("offsets", "positions"):
             array = getattr(emb.data, name)
             if array is not None:
-                side = _sidecar(target, f"{name}.npy")
-                with atomic_path(side) as tmp, open(tmp, "wb") as handle:
+                with open(output.temporary(_sidecar(target, f"{name}.npy")), "wb") as handle:
                     np.save(handle, array)
-                written.append(side)
         vectors = emb.data.vectors
     else:
         vectors = emb.data
-    with atomic_path(target) as tmp, open(tmp, "wb") as handle:
+    with open(output.temporary(target), "wb") as handle:
         np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32))
-    return [target, *written]
 
 
 def _arrays(emb: EmbeddingSet) -> dict[str, np.ndarray]:
@@ -241,25 +164,22 @@ def _arrays(emb: EmbeddingSet) -> dict[str, np.ndarray]:
     return arrays
 
 
-def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
     arrays = _arrays(emb)
     arrays["ids"] = np.array(emb.ids, dtype=str)
     arrays["metadata"] = np.array(json.dumps(metadata))
-    with atomic_path(target) as tmp, open(tmp, "wb") as handle:
+    with open(output.temporary(target), "wb") as handle:
         np.savez(handle, **arrays)
-    return [target]
 
 
-def _save_safetensors(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+def _save_safetensors(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
     from safetensors.numpy import save_file
 
     header = {"docembed": json.dumps(metadata), "ids": json.dumps(emb.ids, ensure_ascii=False)}
-    with atomic_path(target) as tmp:
-        save_file(_arrays(emb), str(tmp), metadata=header)
-    return [target]
+    save_file(_arrays(emb), str(output.temporary(target)), metadata=header)
 
 
-def _save_parquet(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]:
+def _save_parquet(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -275,9 +195,7 @@ def _save_parquet(emb: EmbeddingSet, target: Path, metadata: dict) -> list[Path]
     else:
         columns["vector"] = vectors
     table = pa.table(columns).replace_schema_metadata({"docembed": json.dumps(metadata)})
-    with atomic_path(target) as tmp:
-        pq.write_table(table, tmp)
-    return [target]
+    pq.write_table(table, output.temporary(target))
 
 
 def load_embeddings(path: str) -> EmbeddingSet:
@@ -306,7 +224,8 @@ def _read_meta(path: Path) -> dict:
 
 def _load_npy(target: Path) -> EmbeddingSet:
     vectors = np.load(target)
-    ids = _sidecar(target, "ids.txt").read_text(encoding="utf-8").splitlines()
+    # split on \n only: str.splitlines would also split ids at \v, \f, U+2028 ...
+    ids = _sidecar(target, "ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
     offsets_path = _sidecar(target, "offsets.npy")
     positions_path = _sidecar(target, "positions.npy")
     data: Vectors = vectors
@@ -385,10 +304,29 @@ def load_embedding_shards(directory: str | Path) -> EmbeddingSet:
             f"{directory} is incomplete: {len(missing)} of {len(shards)} shards not written "
             f"(first: {missing[0]}); re-run the same `docembed encode --engine ray` command to finish it"
         )
-    parts = [load_embeddings(str(directory / s["file"])) for s in shards]
-    non_empty = [p for p in parts if len(p)] or parts[:1]
-    if not non_empty:
+    if not shards:
         raise DocembedError(f"{directory} lists no shards")
+    return concat_sets([load_embeddings(str(directory / s["file"])) for s in shards])
+
+
+# What must agree for two sets to be parts of one: the same model, config, kind and width.
+SAME_MODEL_KEYS = ("model", "family", "config_hash", "dim", "kind", "normalized", "model_source")
+
+
+def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> EmbeddingSet:
+    """Parts of one set (shards, `--shard i/n` outputs) concatenated in order, after checking they come
+    from the same model (the metadata in SAME_MODEL_KEYS agree)."""
+    names = names or [f"part {i}" for i in range(len(parts))]
+    first = parts[0].metadata
+    for name, part in zip(names, parts, strict=True):
+        differs = [k for k in SAME_MODEL_KEYS if part.metadata.get(k) != first.get(k)]
+        if differs:
+            key = differs[0]
+            raise DocembedError(
+                f"{names[0]} and {name} come from different models ({key}: "
+                f"{first.get(key)!r} vs {part.metadata.get(key)!r})"
+            )
+    non_empty = [p for p in parts if len(p)] or parts[:1]
     metadata = dict(non_empty[0].metadata, count=sum(len(p) for p in parts))
     data = concat_vectors([p.data for p in non_empty])
     return EmbeddingSet(data, [i for p in non_empty for i in p.ids], metadata)
@@ -405,7 +343,8 @@ def _load_jsonl(target: Path) -> EmbeddingSet:
                 positions.append(np.asarray(row.get("positions", []), dtype=np.int64))
             else:
                 dense.append(row["vector"])
-    metadata = _read_meta(_sidecar(target, "meta.json"))
+    meta_path = _jsonl_meta(target)
+    metadata = _read_meta(meta_path if meta_path.exists() else _sidecar(target, "meta.json"))  # older sets
     if multi:
         dim = metadata.get("dim") or max((m.shape[-1] for m in multi if m.size), default=0)
         multi = [m.reshape(len(m), dim) for m in multi]

@@ -1,23 +1,35 @@
-"""Streamed document readers: JSON Lines, plain text (one document per line) and `id<TAB>text`.
+"""Streamed document readers: JSON Lines, plain text (one document per line), `id<TAB>text` and Parquet.
 
+One source of rows for both engines: the local engine iterates a `DocumentReader`; the Ray engine's actors
+call `read_range` on row ranges that the driver planned with `line_offsets` / `parquet_files`. Inputs are a
+local file, '-' (stdin, text formats only) or any URI pyarrow's filesystems open (s3://, gs://, file://);
+text inputs may be gzipped (.gz); a Parquet input may be a directory of files, read in path order.
 Documents are yielded one at a time (gensim-style iterables that can be iterated again), so memory does
-not grow with the corpus. Every malformed record is reported with its file and line number, or skipped
-and counted with `skip_invalid=True`. Empty texts are kept so output rows always match input rows.
+not grow with the corpus. Every malformed record is reported with its file and line (or row) number, or
+skipped and counted with `skip_invalid=True`. Empty texts are kept so output rows always match input rows;
+blank lines of JSON Lines and TSV (documents, pairs, tasks alike) hold no record and are skipped and counted.
+A UTF-8 byte order mark at the start of a text input is dropped. Ids are strings or numbers.
 """
 
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import os
 import sys
 from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, NamedTuple
 
 from docembed.errors import DocembedError, InputFormatError, UsageError
 
-FORMATS = ("jsonl", "txt", "tsv")
+TEXT_FORMATS = ("jsonl", "txt", "tsv")
+FORMATS = (*TEXT_FORMATS, "parquet")
+PARQUET_SUFFIXES = (".parquet", ".pq")
+BOM = b"\xef\xbb\xbf"
 
 
 class Document(NamedTuple):
@@ -50,37 +62,148 @@ class Shard:
 
 
 def infer_format(path: str) -> str:
-    name = path.lower().removesuffix(".gz")
+    name = path.lower().rstrip("/").removesuffix(".gz")
     if name.endswith((".jsonl", ".json", ".ndjson")):
         return "jsonl"
     if name.endswith(".tsv"):
         return "tsv"
     if name.endswith(".txt"):
         return "txt"
-    raise UsageError(f"cannot tell the format of {path!r} from its name: pass --format jsonl|txt|tsv")
+    if name.endswith(PARQUET_SUFFIXES):
+        return "parquet"
+    raise UsageError(f"cannot tell the format of {path!r} from its name: pass --format jsonl|txt|tsv|parquet")
 
 
-def _open_binary(path: str) -> IO[bytes]:
+# --- opening local files and URIs -------------------------------------------------------------------------
+def filesystem_of(path: str):
+    """(pyarrow filesystem, path within it) for a local path or a URI."""
+    from pyarrow import fs
+
+    if "://" not in path:
+        return fs.LocalFileSystem(), os.path.abspath(path)
+    try:
+        return fs.FileSystem.from_uri(path)
+    except (ValueError, OSError) as error:  # ArrowInvalid is a ValueError
+        raise DocembedError(f"cannot open {path}: {error}") from None
+
+
+def input_kind(path: str) -> str:
+    """'file', 'dir' or 'missing' (local paths without importing pyarrow)."""
+    if "://" not in path:
+        p = Path(path)
+        return "dir" if p.is_dir() else "file" if p.exists() else "missing"
+    from pyarrow import fs
+
+    filesystem, inner = filesystem_of(path)
+    kind = filesystem.get_file_info(inner).type
+    return {fs.FileType.Directory: "dir", fs.FileType.NotFound: "missing"}.get(kind, "file")
+
+
+@contextmanager
+def open_input(path: str) -> Iterator[IO[bytes]]:
+    """A binary reader of stdin ('-'), a local file or a URI, decompressed when the name ends in .gz.
+    Local and URI readers are seekable (seeking in gzip decompresses from the start). OS errors on opening
+    (missing, a directory, permission denied) are DocembedErrors naming the path."""
     if path == "-":
-        return sys.stdin.buffer
-    p = Path(path)
-    if not p.exists():
-        raise DocembedError(f"input file not found: {path}")
-    if p.is_dir():
-        raise DocembedError(f"input is a directory, not a file: {path}")
-    return gzip.open(p, "rb") if path.endswith(".gz") else open(p, "rb")  # noqa: SIM115
+        yield sys.stdin.buffer
+        return
+    with ExitStack() as stack:
+        try:
+            if "://" in path:
+                filesystem, inner = filesystem_of(path)
+                raw = filesystem.open_input_file(inner)
+                handle = stack.enter_context(io.BufferedReader(raw, 1 << 20))
+            else:
+                handle = stack.enter_context(open(path, "rb"))  # noqa: SIM115
+            if path.endswith(".gz"):
+                handle = stack.enter_context(gzip.GzipFile(fileobj=handle))
+        except FileNotFoundError:
+            raise DocembedError(f"input file not found: {path}") from None
+        except IsADirectoryError:
+            raise DocembedError(f"input is a directory, not a file: {path}") from None
+        except OSError as error:
+            raise DocembedError(f"cannot open {path}: {error.strerror or error}") from None
+        yield handle
 
 
 def count_lines(path: str) -> int:
     """Number of records a text input holds (a final line without a newline counts)."""
-    n, last = 0, b"\n"
-    with _open_binary(path) as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            n += block.count(b"\n")
-            last = block[-1:]
-    return n + (last != b"\n")
+    return line_offsets(path, 0)[0]
 
 
+def line_offsets(path: str, every: int) -> tuple[int, list[int]]:
+    """(line count, byte offset where lines 0, every, 2*every, ... start), in one pass of 4 MiB blocks.
+    every=0: the count only."""
+    import numpy as np
+
+    offsets, lines, position, last = [0], 0, 0, b"\n"
+    next_start = every  # the line that starts the next range
+    try:
+        with open_input(path) as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+                # line L starts right after the L-th newline of the file: here, newline L - 1 - lines
+                while every and next_start - 1 - lines < len(newlines):
+                    offsets.append(position + int(newlines[next_start - 1 - lines]) + 1)
+                    next_start += every
+                lines += len(newlines)
+                position += len(block)
+                last = block[-1:]
+    except (OSError, EOFError, gzip.BadGzipFile) as error:
+        raise DocembedError(f"{path}: cannot read: {error}") from None
+    rows = lines + (last != b"\n")
+    n_ranges = -(-rows // every) if every else 0
+    return rows, offsets[:n_ranges]
+
+
+def parquet_files(path: str, text_field: str) -> tuple[list[tuple[str, int]], int]:
+    """([(file, rows)] in path order, total bytes) of a Parquet file or directory, checking every file has
+    a string column `text_field`."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyarrow import fs
+
+    filesystem, inner = filesystem_of(path)
+    info = filesystem.get_file_info(inner)
+    if info.type == fs.FileType.NotFound:
+        raise DocembedError(f"input file not found: {path}")
+    if info.type == fs.FileType.Directory:
+        found = filesystem.get_file_info(fs.FileSelector(inner, recursive=True))
+        infos = sorted(
+            (i for i in found if i.type == fs.FileType.File and i.path.endswith(PARQUET_SUFFIXES)),
+            key=lambda i: i.path,
+        )
+        # skip the _SUCCESS / .crc style bookkeeping files that writers leave beside the data
+        infos = [
+            i
+            for i in infos
+            if not any(p.startswith((".", "_")) for p in Path(i.path).relative_to(inner).parts)
+        ]
+        if not infos:
+            raise DocembedError(f"{path}: no .parquet files in this directory")
+    else:
+        infos = [info]
+    files = []
+    for item in infos:
+        try:
+            with filesystem.open_input_file(item.path) as handle:
+                parquet = pq.ParquetFile(handle)
+                schema, rows = parquet.schema_arrow, parquet.metadata.num_rows
+        except (OSError, ValueError) as error:
+            raise DocembedError(f"{item.path}: not a readable Parquet file: {error}") from None
+        if text_field not in schema.names:
+            raise DocembedError(
+                f"{item.path}: no text column {text_field!r} (columns: {', '.join(schema.names)}); "
+                "pass --text-field"
+            )
+        kind = schema.field(text_field).type
+        if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise DocembedError(f"{item.path}: text column {text_field!r} holds {kind}, not strings")
+        files.append((item.path, rows))
+    return files, sum(i.size or 0 for i in infos)
+
+
+# --- the reader -------------------------------------------------------------------------------------------
 class DocumentReader:
     """Iterable over the documents of one input. Iterate again to re-read (not for stdin)."""
 
@@ -92,59 +215,109 @@ class DocumentReader:
         text_field: str = "text",
         skip_invalid: bool = False,
         shard: Shard | None = None,
+        files: list[tuple[str, int]] | None = None,
     ):
         if path == "-" and format is None:
             raise UsageError("reading from stdin ('-') needs an explicit --format jsonl|txt|tsv")
         if path == "-" and shard is not None:
             raise UsageError("--shard needs a file (it counts lines first), not stdin")
+        if format is None and path != "-" and input_kind(path) == "dir":
+            format = "parquet"  # a directory is read as Parquet files
         self.path = path
         self.format = format or infer_format(path)
         if self.format not in FORMATS:
             raise UsageError(f"unknown input format {self.format!r}; choose one of {', '.join(FORMATS)}")
+        if path == "-" and self.format == "parquet":
+            raise UsageError("Parquet cannot be read from stdin: pass a file")
         self.id_field, self.text_field = id_field, text_field
         self.skip_invalid = skip_invalid
         self.shard = shard
         self.skipped = 0
+        self.blank = 0
         self.name = "<stdin>" if path == "-" else path
+        self._files = files  # Parquet: (file, rows), planned once
         self._bounds: tuple[int, int] | None = None
+
+    def files(self) -> list[tuple[str, int]]:
+        if self._files is None:
+            self._files = parquet_files(self.path, self.text_field)[0]
+        return self._files
+
+    def total_rows(self) -> int:
+        if self.format == "parquet":
+            return sum(rows for _, rows in self.files())
+        return count_lines(self.path)
 
     def bounds(self) -> tuple[int, int | None]:
         if self.shard is None:
             return 0, None
         if self._bounds is None:
-            self._bounds = self.shard.bounds(count_lines(self.path))
+            self._bounds = self.shard.bounds(self.total_rows())
         return self._bounds
 
     def __len__(self) -> int:
         start, stop = self.bounds()
-        return (stop if stop is not None else count_lines(self.path)) - start
+        return (stop if stop is not None else self.total_rows()) - start
 
     def __iter__(self) -> Iterator[Document]:
-        self.skipped = 0
+        self.skipped = self.blank = 0
         start, stop = self.bounds()
-        handle = _open_binary(self.path)
+        if self.format == "parquet":
+            yield from self._parquet_rows(start, stop)
+            return
         try:
-            for index, raw in enumerate(handle):
-                if index < start:
-                    continue
-                if stop is not None and index >= stop:
-                    break
-                try:
-                    yield self.parse_record(raw, index)
-                except InputFormatError:
-                    if not self.skip_invalid:
-                        raise
-                    self.skipped += 1
+            with open_input(self.path) as handle:
+                for index, raw in enumerate(handle):
+                    if index < start:
+                        continue
+                    if stop is not None and index >= stop:
+                        break
+                    document = self._parse_or_skip(raw, index)
+                    if document is not None:
+                        yield document
         except (OSError, EOFError, gzip.BadGzipFile) as error:
             raise DocembedError(f"{self.name}: cannot read: {error}") from None
-        finally:
-            if handle is not sys.stdin.buffer:
-                handle.close()
+
+    def read_range(self, start: int, stop: int, offset: int = 0) -> tuple[list[Document], int]:
+        """(documents, invalid records skipped) of input rows [start, stop); for a text input `offset` is the
+        byte offset where line `start` begins (from `line_offsets`), so only that range is read."""
+        self.skipped = self.blank = 0
+        if self.format == "parquet":
+            return list(self._parquet_rows(start, stop)), self.skipped
+        documents = []
+        try:
+            with open_input(self.path) as handle:
+                handle.seek(offset)
+                for index in range(start, stop):
+                    raw = handle.readline()
+                    if not raw:
+                        raise DocembedError(
+                            f"{self.name}: ended before line {index + 1}; did it change mid-run?"
+                        )
+                    document = self._parse_or_skip(raw, index)
+                    if document is not None:
+                        documents.append(document)
+        except (OSError, EOFError, gzip.BadGzipFile) as error:
+            raise DocembedError(f"{self.name}: cannot read: {error}") from None
+        return documents, self.skipped
+
+    def _parse_or_skip(self, raw: bytes, index: int) -> Document | None:
+        if self.format != "txt" and not raw.strip():  # in txt an empty line is an empty document
+            self.blank += 1
+            return None
+        try:
+            return self.parse_record(raw, index)
+        except InputFormatError:
+            if not self.skip_invalid:
+                raise
+            self.skipped += 1
+            return None
 
     def parse_record(self, raw: bytes, index: int) -> Document:
-        """One raw line (0-based `index` in the file) as a Document, or an InputFormatError. Public so the
-        Ray engine, which reads line ranges itself, applies exactly these id and text rules."""
+        """One raw line (0-based `index` in the file) as a Document, or an InputFormatError."""
         line_number = index + 1
+        if index == 0 and raw.startswith(BOM):
+            raw = raw[len(BOM) :]
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as error:
@@ -167,17 +340,88 @@ class DocumentReader:
         if not isinstance(text, str):
             what = "missing" if text is None else "not a string"
             raise InputFormatError(self.name, line_number, f"text field {self.text_field!r} {what}")
-        doc_id = record.get(self.id_field)
-        return Document(str(index) if doc_id is None else str(doc_id), text)
+        return Document(_document_id(record.get(self.id_field), index, self.name, line_number), text)
+
+    def _parquet_rows(self, start: int, stop: int | None) -> Iterator[Document]:
+        """Rows [start, stop) across the files, reading only the row groups that hold them."""
+        filesystem, _ = filesystem_of(self.path)
+        base = 0
+        for path, count in self.files():
+            low = max(start, base)
+            high = base + count if stop is None else min(stop, base + count)
+            if low < high:
+                for offset, (doc_id, text) in _parquet_slice(
+                    filesystem, path, low - base, high - base, self.id_field, self.text_field
+                ):
+                    row = base + offset
+                    if text is None:
+                        if not self.skip_invalid:
+                            raise InputFormatError(
+                                path, row - base + 1, f"text field {self.text_field!r} missing"
+                            )
+                        self.skipped += 1
+                        continue
+                    yield Document(_document_id(doc_id, row, path, row - base + 1), text)
+            base += count
+            if stop is not None and base >= stop:
+                break
+
+
+def _document_id(value, index: int, source: str, line_number: int) -> str:
+    """The id of a record: its id field (a string or a number), else its 0-based line or row number."""
+    if value is None:
+        return str(index)
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise InputFormatError(source, line_number, f"id must be a string or a number, not {value!r:.40}")
+    return str(value)
+
+
+def _parquet_slice(filesystem, path: str, low: int, high: int, id_field: str, text_field: str):
+    """(row within the file, (id or None, text)) for rows [low, high) of one Parquet file, one row group
+    in memory at a time."""
+    try:
+        yield from _read_parquet_slice(filesystem, path, low, high, id_field, text_field)
+    except (OSError, ValueError) as error:  # a truncated or corrupt file (ArrowInvalid is a ValueError)
+        raise DocembedError(f"{path}: cannot read: {' '.join(str(error).split())}") from None
+
+
+def _read_parquet_slice(filesystem, path: str, low: int, high: int, id_field: str, text_field: str):
+    import pyarrow.parquet as pq
+
+    with filesystem.open_input_file(path) as handle:
+        parquet = pq.ParquetFile(handle)
+        has_ids = id_field in parquet.schema_arrow.names
+        columns = list(dict.fromkeys((id_field, text_field) if has_ids else (text_field,)))
+        row = 0
+        for group in range(parquet.num_row_groups):
+            n = parquet.metadata.row_group(group).num_rows
+            if row < high and row + n > low:
+                table = parquet.read_row_group(group, columns=columns)
+                lo, hi = max(low - row, 0), min(high - row, n)
+                table = table.slice(lo, hi - lo)
+                texts = table.column(text_field).to_pylist()
+                ids = table.column(id_field).to_pylist() if has_ids else [None] * len(texts)
+                for k, pair in enumerate(zip(ids, texts, strict=True)):
+                    yield row + lo + k, pair
+            row += n
+            if row >= high:
+                break
 
 
 def iter_jsonl_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, record) for each non-empty line of a (possibly gzipped) JSON Lines file, or '-' for
-    stdin; a malformed line, invalid UTF-8 or a non-object is an InputFormatError naming file and line."""
+    """(line number, record) for each non-blank line of a (possibly gzipped) JSON Lines file, or '-' for
+    stdin; a malformed line, invalid UTF-8 or a non-object is an InputFormatError naming file and line.
+    Blank lines are skipped and counted in a log line, as DocumentReader does."""
+    from docembed.runtime import log
+
     path = str(path)
-    with _open_binary(path) as handle:
+    blank = 0
+    with open_input(path) as handle:
         for index, raw in enumerate(handle):
+            if index == 0 and raw.startswith(BOM):
+                raw = raw[len(BOM) :]
             if not raw.strip():
+                blank += 1
                 continue
             try:
                 record = json.loads(raw.decode("utf-8"))
@@ -188,6 +432,8 @@ def iter_jsonl_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
             if not isinstance(record, dict):
                 raise InputFormatError(path, index + 1, "expected a JSON object")
             yield index + 1, record
+    if blank:
+        log(f"{path}: skipped {blank} blank line(s)")
 
 
 def iter_jsonl(path: str | Path) -> Iterator[dict]:

@@ -14,11 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
 from docembed import __version__
-from docembed.errors import CorruptModelError
-from docembed.io.embeddings import MultiVectors, Vectors
+from docembed.errors import CorruptModelError, DocembedError
+from docembed.types import Vectors
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -33,10 +31,18 @@ class EncoderConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]):
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(values) - known
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = set(values) - set(fields)
         if unknown:
             raise CorruptModelError(f"unknown {cls.__name__} fields: {', '.join(sorted(unknown))}")
+        for name, value in values.items():
+            default = fields[name].default
+            if value is None or default is None or default is dataclasses.MISSING:
+                continue
+            if not _same_kind(value, default):
+                raise CorruptModelError(
+                    f"{cls.__name__}.{name} should be like {default!r}, not {value!r:.40}"
+                )
         return cls(**values)
 
     def hash(self) -> str:
@@ -44,12 +50,27 @@ class EncoderConfig:
         return hashlib.sha256(blob).hexdigest()[:16]
 
 
+class NotSupportedError(DocembedError):
+    """An option the model's family does not have (e.g. --ratio for a dense model)."""
+
+
+# What a family may declare in `Encoder.capabilities`, and the option each one enables.
+CAPABILITIES = {
+    "ratio": "--ratio (a compression ratio at encode time)",
+    "workers": "--workers (inference processes)",
+    "fit": "fitting on a task's own text",
+    "sparse": "sparse features (encode_sparse)",
+}
+
+
 class Encoder(ABC):
     """texts -> embeddings. Dense families return an `(n, dim)` float32 array, multi-vector families a
-    `MultiVectors`. Subclasses set `family`, `config_class`, and implement encode/save/load."""
+    `MultiVectors`. Subclasses set `family`, `config_class`, `capabilities`, and implement
+    encode/save/load (and the method behind each capability they declare)."""
 
     family: ClassVar[str] = ""
     config_class: ClassVar[type[EncoderConfig]] = EncoderConfig
+    capabilities: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, config: EncoderConfig, name: str | None = None):
         self.config = config
@@ -91,6 +112,27 @@ class Encoder(ABC):
     def to(self, device: str) -> Encoder:
         return self
 
+    # --- optional capabilities (declared in `capabilities`) -------------------------------------------
+    def supports(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    def require(self, capability: str) -> None:
+        """The one 'not supported by this model' error (exit 1), naming the option."""
+        if not self.supports(capability):
+            what = CAPABILITIES.get(capability, capability)
+            have = ", ".join(sorted(self.capabilities)) or "none"
+            raise NotSupportedError(
+                f"model {self.name!r} ({self.family}) does not support {what}; its capabilities: {have}"
+            )
+
+    def set_ratio(self, ratio: float) -> None:
+        """Multi-vector families with a compression ratio ("ratio") override this."""
+        self.require("ratio")
+
+    def set_workers(self, workers: int) -> None:
+        """Families that encode in several processes ("workers") override this."""
+        self.require("workers")
+
     # --- shared behaviour ---------------------------------------------------------------------------
     def config_hash(self) -> str:
         return self.config.hash()
@@ -121,6 +163,17 @@ class Encoder(ABC):
         return directory
 
 
+def _same_kind(value: Any, default: Any) -> bool:
+    """Whether a config value read from JSON has the kind of the field's default (numbers mix freely)."""
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) == isinstance(default, bool)
+    if isinstance(default, int | float):
+        return isinstance(value, int | float)
+    if isinstance(default, str):
+        return isinstance(value, str)
+    return True
+
+
 def read_config(directory: str | Path) -> dict[str, Any]:
     """The parsed config.json of a saved model, or a CorruptModelError that says what is wrong."""
     path = Path(directory) / CONFIG_NAME
@@ -130,15 +183,29 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         payload = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptModelError(f"{path} is corrupt: {error}") from None
-    if not isinstance(payload, dict) or "family" not in payload:
-        raise CorruptModelError(f"{path} has no 'family' entry")
+    if not isinstance(payload, dict):
+        raise CorruptModelError(f"{path} is not a docembed config: expected a JSON object")
+    family = payload.get("family")
+    if not isinstance(family, str) or not family:
+        what = "no 'family' entry" if family is None else f"a 'family' that is not a name ({family!r:.40})"
+        raise CorruptModelError(f"{path} has {what}")
+    if not isinstance(payload.get("config"), dict):
+        what = "no 'config' entry" if "config" not in payload else f"a 'config' of {payload['config']!r:.40}"
+        raise CorruptModelError(f"{path} has {what}: expected a JSON object of the model's settings")
     return payload
 
 
 def save_state_dict(module, directory: str | Path) -> None:
-    """Weights as safetensors. Tied parameters are saved once (safetensors refuses shared storage)."""
+    """Weights as safetensors (tied parameters once: see `untied_state`)."""
     from safetensors.torch import save_file
 
+    save_file(untied_state(module), str(Path(directory) / WEIGHTS_NAME))
+
+
+def untied_state(module) -> dict:
+    """`module.state_dict()` on the CPU with each tied tensor kept once, under its first key: safetensors
+    refuses tensors sharing storage, and loading the one key fills every tie (`load_state_dict`). The one
+    rule for saved models and training checkpoints alike."""
     state, seen = {}, set()
     for key, tensor in module.state_dict().items():
         pointer = (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else None
@@ -147,7 +214,7 @@ def save_state_dict(module, directory: str | Path) -> None:
         if pointer is not None:
             seen.add(pointer)
         state[key] = tensor.detach().contiguous().cpu()
-    save_file(state, str(Path(directory) / WEIGHTS_NAME))
+    return state
 
 
 def load_state_dict(module, directory: str | Path, device: str = "cpu") -> None:
@@ -161,14 +228,16 @@ def load_state_dict(module, directory: str | Path, device: str = "cpu") -> None:
         state = load_file(str(path), device=device)
     except Exception as error:  # safetensors raises its own error types for truncated headers/data
         raise CorruptModelError(f"{path} is corrupt or truncated: {error}") from None
+    load_untied_state(module, state, f"{path} does not match its config")
+
+
+def load_untied_state(module, state: dict, mismatch: str) -> None:
+    """Load a state written by `untied_state` into `module`. Tied weights were saved once; any other key
+    missing or unexpected is a CorruptModelError starting with `mismatch`."""
     missing, unexpected = module.load_state_dict(state, strict=False)
-    # Tied weights were saved once; anything else missing means the file does not match the config.
-    tied = {k for k in missing if _is_tied(module, k, state)}
-    missing = [k for k in missing if k not in tied]
+    missing = [k for k in missing if not _is_tied(module, k, state)]
     if missing or unexpected:
-        raise CorruptModelError(
-            f"{path} does not match its config: missing {missing[:5]}, unexpected {list(unexpected)[:5]}"
-        )
+        raise CorruptModelError(f"{mismatch}: missing {missing[:5]}, unexpected {list(unexpected)[:5]}")
 
 
 def _is_tied(module, key: str, state: dict) -> bool:
@@ -177,14 +246,3 @@ def _is_tied(module, key: str, state: dict) -> bool:
         return False
     target = params[key]
     return any(p is target for name, p in params.items() if name in state)
-
-
-def l2_normalize(x: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=-1, keepdims=True)
-    return x / np.maximum(norms, eps)
-
-
-def normalize_vectors(data: Vectors) -> Vectors:
-    if isinstance(data, MultiVectors):
-        return MultiVectors(l2_normalize(data.vectors), data.offsets, data.positions)
-    return l2_normalize(data)

@@ -21,10 +21,8 @@ names a word2vec/GloVe text file (a `count dim` header line is recognised and sk
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,26 +30,18 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
-from docembed.models.base import Encoder, EncoderConfig, l2_normalize, read_config
+from docembed.models.base import Encoder, EncoderConfig, read_config
 from docembed.models.registry import register
+from docembed.text import TOKENIZERS
+from docembed.text import tokenize as tokenize_words
+from docembed.types import l2_normalize, texts_hash
 
 VOCAB_NAME = "vocab.json"
-# Words, clitics split off as GloVe and Moses do (do n't, it 's), and single punctuation marks.
-TOKEN_RE = re.compile(r"\w+(?=n't)|n't|'\w+|\w+|[^\w\s]")
+TOKENIZER = "simple-v1"  # docembed.text.TOKENIZERS: the baselines' word split
 
 
 def tokenize(text: str, lowercase: bool = True) -> list[str]:
-    return TOKEN_RE.findall(text.lower() if lowercase else text)
-
-
-def texts_hash(texts: Sequence[str]) -> str:
-    """A stable hash of an ordered list of texts (length-prefixed, so boundaries count)."""
-    digest = hashlib.sha256()
-    for text in texts:
-        blob = text.encode("utf-8")
-        digest.update(len(blob).to_bytes(8, "little"))
-        digest.update(blob)
-    return digest.hexdigest()[:16]
+    return tokenize_words(text, lowercase, TOKENIZER)
 
 
 def _save_arrays(arrays: dict[str, np.ndarray], directory: Path) -> None:
@@ -89,6 +79,8 @@ def _read_vocab(directory: Path) -> dict:
 class FittedBaseline(Encoder):
     """Shared fit bookkeeping of the corpus-statistics baselines."""
 
+    capabilities = frozenset({"fit"})
+
     def __init__(self, config, name=None):
         super().__init__(config, name)
         self.fitted_on: str | None = None
@@ -121,6 +113,7 @@ class TfidfConfig(EncoderConfig):
 class TfidfEncoder(FittedBaseline):
     family = "tfidf"
     config_class = TfidfConfig
+    capabilities = frozenset({"fit", "sparse"})
 
     def __init__(self, config: TfidfConfig, name: str | None = None):
         super().__init__(config, name)
@@ -137,7 +130,7 @@ class TfidfEncoder(FittedBaseline):
             min_df=1 if vocabulary is not None else c.min_df,
             max_features=None if vocabulary is not None else c.max_features,
             ngram_range=(1, c.ngram_max),
-            token_pattern=TOKEN_RE.pattern,
+            token_pattern=TOKENIZERS[TOKENIZER],
             vocabulary=vocabulary,
             dtype=np.float32,
         )
@@ -218,7 +211,12 @@ class BM25Config(EncoderConfig):
 
 @register
 class BM25Scorer(FittedBaseline):
-    """Okapi BM25 over a fitted corpus. idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)) (never negative)."""
+    """Okapi BM25 over a fitted corpus. idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5)) (never negative).
+
+    Written here rather than taken from bm25s: bm25s scores only the corpus it indexed (with that corpus'
+    idf), while score() ranks any candidate texts with the fitted corpus' statistics. On the shared case
+    (2,000 20NG documents as corpus and candidates, 200 queries) bm25s 0.3.16 "lucene" agrees to 3.6e-7
+    relative (float32) once multiplied by (k1 + 1), which it leaves out."""
 
     family = "bm25"
     config_class = BM25Config
@@ -308,32 +306,6 @@ class GloveConfig(EncoderConfig):
     lowercase: bool = True
 
 
-def read_word_vectors(path: str | Path) -> tuple[list[str], np.ndarray]:
-    """Words and vectors of a GloVe (`word v1 ... vd`) or word2vec text file (optional `count dim` header)."""
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise DocembedError(f"word vectors file not found: {path}")
-    words, rows = [], []
-    opener = __import__("gzip").open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for line_number, line in enumerate(handle, 1):
-            parts = line.rstrip("\n").rstrip().split(" ")
-            if line_number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
-                continue
-            if len(parts) < 2:
-                continue
-            try:
-                rows.append(np.asarray(parts[1:], dtype=np.float32))
-            except ValueError:
-                raise DocembedError(f"{path}:{line_number}: not a word-vector line") from None
-            if rows and len(rows[-1]) != len(rows[0]):
-                raise DocembedError(f"{path}:{line_number}: expected {len(rows[0])} numbers")
-            words.append(parts[0])
-    if not rows:
-        raise DocembedError(f"{path} holds no word vectors")
-    return words, np.stack(rows)
-
-
 @register
 class GloveAverageEncoder(Encoder):
     family = "glove-avg"
@@ -341,12 +313,14 @@ class GloveAverageEncoder(Encoder):
 
     def __init__(self, config: GloveConfig, name: str | None = None, _tables=None):
         super().__init__(config, name)
+        from docembed.models.word_vectors import offline_glove, read_word_vectors
+
         if _tables is not None:
             words, self.matrix = _tables
         elif config.vectors:
             words, self.matrix = read_word_vectors(config.vectors)
         else:
-            words, self.matrix = _offline_glove()
+            words, self.matrix = offline_glove()
         self.index = {w: i for i, w in enumerate(words)}
 
     @property
@@ -380,18 +354,3 @@ class GloveAverageEncoder(Encoder):
         if vectors is None or len(vectors) != len(words):
             raise CorruptModelError(f"{directory}: vocab.txt and vectors do not match")
         return cls(GloveConfig.from_dict(payload["config"]), _tables=(words, vectors))
-
-
-_GLOVE_CACHE: dict[str, tuple[list[str], np.ndarray]] = {}
-
-
-def _offline_glove() -> tuple[list[str], np.ndarray]:
-    if "offline" not in _GLOVE_CACHE:
-        import pyarrow.parquet as pq
-
-        from docembed.models.offline import glove_files
-
-        vectors_path, vocab_path = glove_files()
-        words = [str(w) for w in pq.read_table(vocab_path).column(0).to_pylist()]
-        _GLOVE_CACHE["offline"] = (words, np.load(vectors_path).astype(np.float32, copy=False))
-    return _GLOVE_CACHE["offline"]

@@ -1,47 +1,26 @@
 """NUGGET (Qin & Van Durme, "NUGGET: Neural Agglomerative Embeddings of Text", ICML 2023).
 
-A transformer encoder-decoder whose encoder keeps only k = ceil(r * n) of its n token states, the "nuggets":
+An encoder that keeps only k = ceil(r * n) of its n token states, the "nuggets" (n counts every non-padding
+token, special tokens included; k >= 1):
 
-1. The encoder runs its embeddings and bottom `scorer_layer` (l) layers, which stay frozen (the paper found
-   that necessary for stable training). A feed-forward scorer reads the layer-l states X^(l) and gives one
-   score per token, s = FFN(X^(l)).
-2. The top k tokens by s are the nuggets. Here n counts every non-padding token, the special tokens
-   ([CLS]/[SEP] or <s>/</s>) included, and k = ceil(r * n) is at least 1, so k grows with the document.
-3. Nugget feedback: a "nugget" or "non-nugget" type embedding is added to X^(l) before the upper layers,
-   so the upper layers know what was selected.
-4. The nuggets' last-layer states times a trainable W_V (initialised to the identity) are the latent
-   Z (k x d), in text order. `encode` returns them as a multi-vector embedding (positions = the selected
-   token indices of the backbone's tokenisation), scored with mean-MaxSim.
-5. Residual connection: the decoder cross-attends only to Z, and the scores s of the selected tokens are
-   added to the cross-attention logits in every decoder layer and head. Top-k is not differentiable, so
-   this is the scorer's only gradient. It is passed as an additive float cross-attention mask of shape
-   (b, 1, q, k) (transformers returns a 4-D mask as is, and both its eager and sdpa attention add it to
-   the logits), with torch.finfo(dtype).min - never -inf arithmetic - on padded nugget slots, so fp16 and
-   bf16 stay finite. `residual="straight-through"` adds s - stopgrad(s) instead (gradient without
-   changing the logits), `residual="none"` adds nothing (an ablation: the scorer then cannot learn).
+1. The embeddings and bottom `scorer_layer` (l) layers run frozen. A feed-forward scorer reads layer l and
+   gives one score per token, s = FFN(X^(l)) (+ `idf_prior` * IDF(token) when set).
+2. The top k tokens by s are the nuggets, kept in text order.
+3. Feedback: a "nugget" / "non-nugget" type embedding is added to X^(l) before the upper layers.
+4. Z = W_V X_top (last layer, W_V starts as the identity) is the multi-vector embedding, scored with
+   mean-MaxSim; positions are the selected token indices.
+5. Top-k has no gradient: the scorer learns only through the residual, s added to the logits wherever
+   something attends over the nuggets (`residual_term`): the decoder's cross-attention in every layer and
+   head (losses/nugget_reconstruction.py), or the other document of a paraphrase pair
+   (losses/nugget_similarity.py).
 
-Backbones. The same code serves:
-- `backbone="minilm"` (default, offline): a BERT2BERT warm start from the offline all-MiniLM-L6-v2 BERT
-  checkpoint: a BertModel encoder and a BertLMHeadModel decoder initialised from the same weights, with
-  new cross-attention (and a new MLM transform; the output layer is tied to the decoder's embeddings).
-- a BART-family checkpoint through transformers (`backbone="facebook/bart-base"`, or mBART-50
-  `facebook/mbart-large-50` as in the paper), for users with network access (`kind="bart"`).
-- a model built from `encoder_config` / `decoder_config` (HF config dicts; random weights): how saved
-  models are rebuilt before their weights are loaded, and what the tests use.
+Selectors: "scorer" (learned), "chunk" (the last punctuation token of each of k equal chunks) and "idf"
+(the k tokens of highest IDF). The IDF table is a buffer of the model (`idf`, one value per vocabulary
+entry), fitted on the training text by `NuggetEncoder.fit_idf` and saved with the weights, so a
+document's nuggets never depend on the rest of the corpus it is encoded with.
 
-Ablations (config): `selector="chunk"` (rule-based: the last punctuation token of each of k equal chunks,
-no scorer), `feedback=False`, another `scorer_layer`.
-
-Training: `docembed train-nugget` (training/nugget_recipe.py). The offline model measured in
-bench/bench_nugget.py was trained on paraphrase pairs of the PI train split (task source -> gold
-candidate and the reverse, 2,042 pairs, 261k source tokens) for 3 epochs (768 steps, 34 minutes on one
-CPU thread):
-
-    python bench/bench_nugget.py --make-pairs runs/pi_train_pairs.jsonl
-    OMP_NUM_THREADS=1 docembed --seed 0 train-nugget runs/pi_train_pairs.jsonl -o runs/nugget-pi-mt \
-        --objective mt --ratio 0.1 --max-length 128 --decoder-layers 3 --batch-size 8 --lr 5e-5 \
-        --warmup-steps 30 --epochs 3 --log-every 5 --save-every 100
-    python bench/bench_nugget.py --out bench/results/nugget --model runs/nugget-pi-mt --full --max-length 128
+Backbones and warm start: models/nugget_backbones.py; decoding and BLEU: models/nugget_generation.py;
+training: training/nugget_recipe.py; the measured models and their commands: bench/bench_nugget.py.
 """
 
 from __future__ import annotations
@@ -58,13 +37,15 @@ import torch
 from torch import nn
 
 from docembed.errors import DocembedError, UsageError
-from docembed.io.embeddings import MultiVectors
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
+from docembed.models.nugget_backbones import BACKBONES, backbone_path, load_tokenizer
 from docembed.models.registry import register
+from docembed.types import MultiVectors
 
 TOKENIZER_SUBDIR = "tokenizer"
 RESIDUALS = ("raw", "straight-through", "none")
-SELECTORS = ("scorer", "chunk")
+SELECTORS = ("scorer", "chunk", "idf")
+FREEZES = ("bottom", "encoder")
 KINDS = ("bert", "bart")
 
 
@@ -76,24 +57,32 @@ class NuggetConfig(EncoderConfig):
     scorer_layer: int = 3  # l: the scorer reads layer l; embeddings and layers below l are frozen
     feedback: bool = True  # add nugget / non-nugget type embeddings to layer l's output
     residual: str = "raw"  # "raw" (paper) | "straight-through" | "none"
-    selector: str = "scorer"  # "scorer" (learned) | "chunk" (rule-based ablation)
+    selector: str = "scorer"  # "scorer" (learned) | "chunk" | "idf" (rules)
     max_length: int = 512  # tokens per document at encode time (training cuts shorter, see the recipe)
     normalize: bool = True  # L2-normalise the nugget vectors encode() returns
     decoder_layers: int | None = None  # BERT2BERT: how many backbone layers the decoder copies (None = all)
     encoder_config: dict[str, Any] = field(default_factory=dict)  # HF config (BART: the whole model's)
     decoder_config: dict[str, Any] = field(default_factory=dict)  # HF config of the BERT decoder
+    freeze: str = "bottom"  # "bottom" (embeddings + layers below l) | "encoder" (the whole encoder)
+    idf_prior: float = 0.0  # scorer selector: add this times the token's IDF to its score
 
     def __post_init__(self):
         if not 0 < self.ratio <= 1:
             raise UsageError(f"NUGGET ratio must be in (0, 1], got {self.ratio}")
-        if self.residual not in RESIDUALS:
-            raise UsageError(f"residual must be one of {', '.join(RESIDUALS)}, got {self.residual!r}")
-        if self.selector not in SELECTORS:
-            raise UsageError(f"selector must be one of {', '.join(SELECTORS)}, got {self.selector!r}")
-        if self.kind not in KINDS:
-            raise UsageError(f"kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        for name, value, allowed in (
+            ("residual", self.residual, RESIDUALS),
+            ("selector", self.selector, SELECTORS),
+            ("freeze", self.freeze, FREEZES),
+            ("kind", self.kind, KINDS),
+        ):
+            if value not in allowed:
+                raise UsageError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         if self.scorer_layer < 0:
             raise UsageError("scorer_layer must be >= 0")
+
+    @property
+    def uses_idf(self) -> bool:
+        return self.selector == "idf" or self.idf_prior != 0
 
 
 # --- selection: pure tensor functions ------------------------------------------------------------------
@@ -150,19 +139,43 @@ def select_chunks(
     return indices, slots
 
 
+def select_idf(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, ratio: float, idf: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule-based selector: the k = ceil(r * n) tokens of highest IDF, in text order. Ties go to the
+    earlier token (a tiny position term), so the choice is deterministic."""
+    n = input_ids.shape[1]
+    tie_break = torch.arange(n, 0, -1, device=input_ids.device, dtype=torch.float32) * 1e-6 / n
+    return select_top_k(idf[input_ids].float() + tie_break, attention_mask, ratio)
+
+
+def idf_table(token_ids: Sequence[Sequence[int]], vocab_size: int) -> torch.Tensor:
+    """Smoothed IDF per vocabulary entry, ln((1 + N) / (1 + df)) + 1, over N documents of token ids
+    (unseen tokens get the highest value, tokens in every document 1)."""
+    df = torch.zeros(vocab_size, dtype=torch.float64)
+    for ids in token_ids:
+        df[torch.tensor(sorted(set(ids)), dtype=torch.long)] += 1
+    return (torch.log((1 + len(token_ids)) / (1 + df)) + 1).float()
+
+
+def residual_term(scores: torch.Tensor, residual: str) -> torch.Tensor:
+    """What is added to an attention logit over a nugget: its score (the paper), a straight-through
+    zero with the score's gradient, or nothing (an ablation: the scorer then cannot learn)."""
+    if residual == "raw":
+        return scores
+    if residual == "straight-through":
+        return scores - scores.detach()
+    return torch.zeros_like(scores)
+
+
 def cross_attention_bias(
     nugget_scores: torch.Tensor, slots: torch.Tensor, residual: str, dtype: torch.dtype, queries: int
 ) -> torch.Tensor:
     """The additive cross-attention mask (b, 1, q, K): the residual term on nugget slots, the dtype's most
-    negative finite value on padded slots (torch.where, so nothing overflows to -inf or NaN)."""
-    if residual == "raw":
-        term = nugget_scores
-    elif residual == "straight-through":
-        term = nugget_scores - nugget_scores.detach()
-    else:
-        term = torch.zeros_like(nugget_scores)
+    negative finite value on padded slots (torch.where, so nothing overflows to -inf or NaN). Passed as a
+    4-D float mask, which transformers' eager and sdpa attention both add to the logits as is."""
     floor = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=nugget_scores.device)
-    bias = torch.where(slots, term.to(dtype), floor)
+    bias = torch.where(slots, residual_term(nugget_scores, residual).to(dtype), floor)
     return bias[:, None, None, :].expand(-1, 1, queries, -1)
 
 
@@ -176,182 +189,6 @@ def _punctuation_table(tokenizer, vocab_size: int) -> torch.Tensor:
     return table
 
 
-# --- backbones ------------------------------------------------------------------------------------------
-
-
-def _hf_config(values: dict[str, Any]):
-    from transformers import CONFIG_MAPPING
-
-    values = {k: v for k, v in values.items() if k not in ("transformers_version",)}
-    return CONFIG_MAPPING[values["model_type"]].from_dict(values)
-
-
-def _padding_mask(hf_config, hidden: torch.Tensor, attention_mask: torch.Tensor):
-    """The encoder self-attention padding mask in the form the configured attention implementation wants
-    (bool for sdpa, additive float for eager), built by transformers itself."""
-    from transformers.masking_utils import create_bidirectional_mask
-
-    return create_bidirectional_mask(config=hf_config, inputs_embeds=hidden, attention_mask=attention_mask)
-
-
-class BertBackbone(nn.Module):
-    """BERT2BERT: a BertModel encoder and a BertLMHeadModel decoder with cross-attention."""
-
-    labels_drop_first = True  # targets are [CLS] x [SEP]; [CLS] is the decoder's start token
-
-    def __init__(self, encoder, decoder, tokenizer):
-        super().__init__()
-        self.encoder, self.decoder = encoder, decoder
-        self.start_id = tokenizer.cls_token_id
-        self.end_id = tokenizer.sep_token_id
-        self.pad_id = tokenizer.pad_token_id
-
-    @classmethod
-    def from_configs(cls, encoder_config: dict, decoder_config: dict, tokenizer) -> BertBackbone:
-        from transformers import BertLMHeadModel, BertModel
-
-        return cls(
-            BertModel(_hf_config(encoder_config), add_pooling_layer=False),
-            BertLMHeadModel(_hf_config(decoder_config)),
-            tokenizer,
-        )
-
-    @classmethod
-    def from_pretrained(cls, path: str, decoder_layers: int | None, tokenizer) -> BertBackbone:
-        from transformers import BertLMHeadModel, BertModel
-
-        encoder = BertModel.from_pretrained(path, add_pooling_layer=False)
-        extra = {"num_hidden_layers": decoder_layers} if decoder_layers else {}
-        decoder = BertLMHeadModel.from_pretrained(path, is_decoder=True, add_cross_attention=True, **extra)
-        return cls(encoder, decoder, tokenizer)
-
-    def configs(self) -> tuple[dict, dict]:
-        return self.encoder.config.to_dict(), self.decoder.config.to_dict()
-
-    @property
-    def hidden_size(self) -> int:
-        return self.encoder.config.hidden_size
-
-    @property
-    def max_positions(self) -> int:
-        return self.encoder.config.max_position_embeddings
-
-    @property
-    def embeddings(self) -> nn.Module:
-        return self.encoder.embeddings
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self.encoder.encoder.layer
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.encoder.embeddings(input_ids=input_ids)
-
-    def encoder_mask(self, hidden: torch.Tensor, attention_mask: torch.Tensor):
-        return _padding_mask(self.encoder.config, hidden, attention_mask)
-
-    def run_layer(self, layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = layer(hidden, mask)
-        return out[0] if isinstance(out, tuple) else out
-
-    def finish(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden
-
-    def decode(self, input_ids, nuggets, cross_mask, past=None, use_cache=False):
-        out = self.decoder(
-            input_ids=input_ids,
-            encoder_hidden_states=nuggets,
-            encoder_attention_mask=cross_mask,
-            past_key_values=past,
-            use_cache=use_cache,
-        )
-        return out.logits, out.past_key_values
-
-
-class BartBackbone(nn.Module):
-    """BART / mBART through transformers' *ForConditionalGeneration model."""
-
-    labels_drop_first = False  # targets are <s> x </s>; the decoder starts from decoder_start_token_id
-
-    def __init__(self, model, tokenizer):
-        super().__init__()
-        self.model = model
-        config = model.config
-        self.start_id = config.decoder_start_token_id
-        self.end_id = config.eos_token_id
-        self.pad_id = config.pad_token_id
-
-    @classmethod
-    def from_configs(cls, encoder_config: dict, decoder_config: dict, tokenizer) -> BartBackbone:
-        from transformers import AutoModelForSeq2SeqLM
-
-        return cls(AutoModelForSeq2SeqLM.from_config(_hf_config(encoder_config)), tokenizer)
-
-    @classmethod
-    def from_pretrained(cls, path: str, decoder_layers: int | None, tokenizer) -> BartBackbone:
-        from transformers import AutoModelForSeq2SeqLM
-
-        return cls(AutoModelForSeq2SeqLM.from_pretrained(path), tokenizer)
-
-    def configs(self) -> tuple[dict, dict]:
-        return self.model.config.to_dict(), {}
-
-    @property
-    def _encoder(self):
-        return self.model.get_encoder()
-
-    @property
-    def hidden_size(self) -> int:
-        return self.model.config.d_model
-
-    @property
-    def max_positions(self) -> int:
-        return self.model.config.max_position_embeddings
-
-    @property
-    def embeddings(self) -> nn.Module:
-        encoder = self._encoder
-        return nn.ModuleList([encoder.embed_tokens, encoder.embed_positions, encoder.layernorm_embedding])
-
-    @property
-    def layers(self) -> nn.ModuleList:
-        return self._encoder.layers
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        encoder = self._encoder
-        tokens = encoder.embed_tokens(input_ids)
-        positions = encoder.embed_positions(tokens[:, :, -1]).to(tokens.device)  # shape-only argument
-        hidden = encoder.layernorm_embedding(tokens + positions)
-        return nn.functional.dropout(hidden, p=encoder.dropout, training=encoder.training)
-
-    def encoder_mask(self, hidden: torch.Tensor, attention_mask: torch.Tensor):
-        return _padding_mask(self.model.config, hidden, attention_mask)
-
-    def run_layer(self, layer: nn.Module, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        out = layer(hidden, mask)
-        return out[0] if isinstance(out, tuple) else out
-
-    def finish(self, hidden: torch.Tensor) -> torch.Tensor:
-        norm = getattr(self._encoder, "layer_norm", None)  # mBART is pre-LN: a final norm
-        return norm(hidden) if norm is not None else hidden
-
-    def decode(self, input_ids, nuggets, cross_mask, past=None, use_cache=False):
-        decoder = self.model.get_decoder()
-        out = decoder(
-            input_ids=input_ids,
-            encoder_hidden_states=nuggets,
-            encoder_attention_mask=cross_mask,
-            past_key_values=past,
-            use_cache=use_cache,
-        )
-        logits = self.model.lm_head(out.last_hidden_state)
-        bias = getattr(self.model, "final_logits_bias", None)
-        return (logits + bias.to(logits.dtype) if bias is not None else logits), out.past_key_values
-
-
-BACKBONES = {"bert": BertBackbone, "bart": BartBackbone}
-
-
 # --- the model ------------------------------------------------------------------------------------------
 
 
@@ -360,12 +197,13 @@ class NuggetOutput:
     nuggets: torch.Tensor  # (b, K, d): Z = W_V X_top, text order
     indices: torch.Tensor  # (b, K): token index of each nugget
     slots: torch.Tensor  # (b, K) bool: which slots hold a nugget
-    scores: torch.Tensor  # (b, K): scorer output of each nugget (0 for the chunk selector)
+    scores: torch.Tensor  # (b, K): selection score of each nugget (0 for the rule-based selectors)
     all_scores: torch.Tensor | None  # (b, n): every token's score
 
 
 class NuggetModel(nn.Module):
-    """Encoder-decoder with NUGGET selection. `forward(batch)` returns the training loss terms."""
+    """Encoder with NUGGET selection (+ the backbone's decoder). `forward(input_ids, attention_mask)` returns
+    the nuggets; the training objectives are in losses/nugget_*.py."""
 
     def __init__(self, config: NuggetConfig, backbone: nn.Module, punctuation: torch.Tensor):
         super().__init__()
@@ -381,14 +219,18 @@ class NuggetModel(nn.Module):
         with torch.no_grad():
             self.value.weight.copy_(torch.eye(d))
         self.register_buffer("punctuation", punctuation, persistent=False)
+        if config.uses_idf:  # only then: models saved without an IDF table keep loading
+            self.register_buffer("idf", torch.zeros(len(punctuation)))
         self.ratio = config.ratio
-        self.freeze_bottom()
+        self.freeze()
 
-    # The embeddings and bottom l layers are frozen (and kept in eval mode: no dropout noise either).
+    # Frozen modules also stay in eval mode (no dropout noise).
     def frozen_modules(self) -> list[nn.Module]:
+        if self.config.freeze == "encoder":
+            return [self.backbone.encoder_stack]
         return [self.backbone.embeddings, *self.backbone.layers[: self.config.scorer_layer]]
 
-    def freeze_bottom(self) -> None:
+    def freeze(self) -> None:
         for module in self.frozen_modules():
             for p in module.parameters():
                 p.requires_grad_(False)
@@ -399,55 +241,88 @@ class NuggetModel(nn.Module):
             module.eval()
         return self
 
-    def encode_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> NuggetOutput:
-        backbone, top = self.backbone, self.config.scorer_layer
-        with torch.no_grad():  # frozen bottom: no graph needed
+    @property
+    def cacheable(self) -> bool:
+        """Whether the token states are independent of every trainable weight and of the selection (whole
+        encoder frozen, no feedback), so training may compute them once per document."""
+        return self.config.freeze == "encoder" and not self.config.feedback
+
+    def bottom_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """Layer l's states (frozen below: no graph) and the encoder's padding mask."""
+        backbone = self.backbone
+        with torch.no_grad():
             hidden = backbone.embed(input_ids)
             mask = backbone.encoder_mask(hidden, attention_mask)
-            for layer in backbone.layers[:top]:
+            for layer in backbone.layers[: self.config.scorer_layer]:
                 hidden = backbone.run_layer(layer, hidden, mask)
+        return hidden, mask
+
+    def upper_states(self, hidden: torch.Tensor, mask) -> torch.Tensor:
+        backbone = self.backbone
+        for layer in backbone.layers[self.config.scorer_layer :]:
+            hidden = backbone.run_layer(layer, hidden, mask)
+        return backbone.finish(hidden)
+
+    def select(self, hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
+        """(indices, slots, scores of the chosen, every token's score or None) from layer l's states."""
         if self.config.selector == "scorer":
             all_scores = self.scorer(hidden).squeeze(-1)
+            if self.config.idf_prior:
+                all_scores = all_scores + self.config.idf_prior * self.idf[input_ids].to(all_scores.dtype)
             indices, slots = select_top_k(all_scores, attention_mask, self.ratio)
-            scores = all_scores.gather(1, indices)
+            return indices, slots, all_scores.gather(1, indices), all_scores
+        if self.config.selector == "idf":
+            if not bool(self.idf.any()):
+                raise DocembedError("selector 'idf' needs an IDF table: fit one with NuggetEncoder.fit_idf")
+            indices, slots = select_idf(input_ids, attention_mask, self.ratio, self.idf)
         else:
-            all_scores = None
             indices, slots = select_chunks(input_ids, attention_mask, self.ratio, self.punctuation)
-            scores = torch.zeros(indices.shape, dtype=hidden.dtype, device=hidden.device)
+        return indices, slots, torch.zeros(indices.shape, dtype=hidden.dtype, device=hidden.device), None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> NuggetOutput:
+        hidden, mask = self.bottom_states(input_ids, attention_mask)
+        indices, slots, scores, all_scores = self.select(hidden, input_ids, attention_mask)
         if self.config.feedback:
             types = torch.zeros_like(input_ids)
             # amax: padded slots point at index 0 with value 0 and must not undo a real nugget there.
             types.scatter_reduce_(1, indices, slots.long(), reduce="amax")
             hidden = hidden + self.type_embeddings(types).to(hidden.dtype)
-        for layer in backbone.layers[top:]:
-            hidden = backbone.run_layer(layer, hidden, mask)
-        hidden = backbone.finish(hidden)
-        chosen = hidden.gather(1, indices[:, :, None].expand(-1, -1, hidden.shape[-1]))
-        return NuggetOutput(self.value(chosen), indices, slots, scores, all_scores)
+        if self.cacheable:
+            with torch.no_grad():
+                top = self.upper_states(hidden, mask)
+        else:
+            top = self.upper_states(hidden, mask)
+        return self.gather(top, indices, slots, scores, all_scores)
+
+    def gather(self, top, indices, slots, scores, all_scores) -> NuggetOutput:
+        chosen = top.gather(1, indices[:, :, None].expand(-1, -1, top.shape[-1]))
+        return NuggetOutput(
+            self.value(chosen.to(self.value.weight.dtype)), indices, slots, scores, all_scores
+        )
+
+    def from_states(self, bottom, top, input_ids, attention_mask) -> NuggetOutput:
+        """The nuggets from token states computed once (layer l's and the last layer's; `cacheable` only)."""
+        indices, slots, scores, all_scores = self.select(bottom, input_ids, attention_mask)
+        return self.gather(top, indices, slots, scores, all_scores)
+
+    encode_batch = forward  # the name the rest of the code base reads
+
+    def residual(self, scores: torch.Tensor) -> torch.Tensor:
+        return residual_term(scores, self.config.residual)
 
     def cross_mask(self, out: NuggetOutput, queries: int) -> torch.Tensor:
         return cross_attention_bias(
             out.scores, out.slots, self.config.residual, _compute_dtype(out.nuggets), queries
         )
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        out = self.encode_batch(batch["input_ids"], batch["attention_mask"])
-        decoder_input, labels = batch["decoder_input_ids"], batch["labels"]
-        logits, _ = self.backbone.decode(
-            decoder_input, out.nuggets, self.cross_mask(out, decoder_input.shape[1])
-        )
-        loss = nn.functional.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
-        )
-        return {"loss": loss, "nuggets_per_doc": out.slots.sum(1).float().mean().detach()}
-
     @torch.no_grad()
     def generate(
         self, input_ids, attention_mask, beams: int = 5, max_new_tokens: int = 128
     ) -> list[list[int]]:
         """Beam search from the nuggets alone (no length penalty); token ids without start/end tokens."""
-        out = self.encode_batch(input_ids, attention_mask)
-        return beam_search(self, out, beams, max_new_tokens)
+        from docembed.models.nugget_generation import beam_search
+
+        return beam_search(self, self(input_ids, attention_mask), beams, max_new_tokens)
 
 
 def _compute_dtype(reference: torch.Tensor) -> torch.dtype:
@@ -458,66 +333,6 @@ def _compute_dtype(reference: torch.Tensor) -> torch.dtype:
     return reference.dtype
 
 
-def beam_search(model: NuggetModel, out: NuggetOutput, beams: int, max_new_tokens: int) -> list[list[int]]:
-    backbone = model.backbone
-    b = out.nuggets.shape[0]
-    nuggets = out.nuggets.repeat_interleave(beams, dim=0)
-    expanded = NuggetOutput(
-        nuggets,
-        out.indices,
-        out.slots.repeat_interleave(beams, 0),
-        out.scores.repeat_interleave(beams, 0),
-        None,
-    )
-    cross = model.cross_mask(expanded, 1)
-    device = nuggets.device
-    sequences = torch.full((b * beams, 1), backbone.start_id, dtype=torch.long, device=device)
-    scores = torch.full((b, beams), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # all beams start identical: keep one alive
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(b)]
-    done = [False] * b
-    past = None
-    for _ in range(max_new_tokens):
-        logits, past = backbone.decode(sequences[:, -1:], nuggets, cross, past, use_cache=True)
-        logp = torch.log_softmax(logits[:, -1].float(), dim=-1)
-        vocab = logp.shape[-1]
-        total = (scores[:, :, None] + logp.view(b, beams, vocab)).view(b, -1)
-        top_scores, top_ids = total.topk(2 * beams, dim=1)
-        next_rows, next_tokens, next_scores = [], [], []
-        for row in range(b):
-            picked = 0
-            for score, flat in zip(top_scores[row].tolist(), top_ids[row].tolist(), strict=True):
-                beam, token = divmod(flat, vocab)
-                source = row * beams + beam
-                if token == backbone.end_id:
-                    if not done[row] and score > float("-inf"):
-                        finished[row].append((score, sequences[source, 1:].tolist()))
-                    continue
-                if picked < beams:
-                    next_rows.append(source)
-                    next_tokens.append(token)
-                    next_scores.append(score)
-                    picked += 1
-            if len(finished[row]) >= beams:
-                done[row] = True
-        if all(done):
-            break
-        beam_index = torch.tensor(next_rows, device=device)
-        past.reorder_cache(beam_index)
-        sequences = torch.cat(
-            [sequences[beam_index], torch.tensor(next_tokens, device=device)[:, None]], dim=1
-        )
-        scores = torch.tensor(next_scores, device=device).view(b, beams)
-    results = []
-    for row in range(b):
-        if finished[row]:
-            results.append(max(finished[row], key=lambda item: item[0])[1])
-        else:
-            best = int(scores[row].argmax())
-            results.append(sequences[row * beams + best, 1:].tolist())
-    return results
-
-
 def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
     """The NuggetModel of `config`: rebuilt from its HF config dicts when it has them (saved models, tests),
     else warm-started from `config.backbone` (which then fills the dicts)."""
@@ -526,29 +341,11 @@ def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
         backbone = cls.from_configs(config.encoder_config, config.decoder_config, tokenizer)
     else:
         try:
-            backbone = cls.from_pretrained(_backbone_path(config), config.decoder_layers, tokenizer)
+            backbone = cls.from_pretrained(backbone_path(config.backbone), config.decoder_layers, tokenizer)
         except OSError as error:
             raise DocembedError(f"cannot load NUGGET backbone {config.backbone!r}: {error}") from None
         config.encoder_config, config.decoder_config = backbone.configs()
-    vocab = backbone.decoder.config.vocab_size if config.kind == "bert" else backbone.model.config.vocab_size
-    return NuggetModel(config, backbone, _punctuation_table(tokenizer, vocab))
-
-
-def _backbone_path(config: NuggetConfig) -> str:
-    if config.backbone == "minilm":
-        from docembed.models.offline import minilm_path
-
-        return str(minilm_path())
-    return config.backbone
-
-
-def load_tokenizer(source: str | Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(source))
-    except (OSError, ValueError) as error:
-        raise DocembedError(f"cannot load a tokenizer from {source}: {error}") from None
+    return NuggetModel(config, backbone, _punctuation_table(tokenizer, backbone.vocab_size))
 
 
 # --- the docembed Encoder -------------------------------------------------------------------------------
@@ -558,10 +355,13 @@ def load_tokenizer(source: str | Path):
 class NuggetEncoder(Encoder):
     family = "nugget"
     config_class = NuggetConfig
+    capabilities = frozenset({"ratio"})
 
     def __init__(self, config: NuggetConfig, name: str | None = None, tokenizer=None, model=None):
         super().__init__(config, name)
-        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(_backbone_path(config))
+        self.tokenizer = (
+            tokenizer if tokenizer is not None else load_tokenizer(backbone_path(config.backbone))
+        )
         self.model = model if model is not None else build_model(config, self.tokenizer)
         self.model.eval()
         self.device = "cpu"
@@ -590,6 +390,14 @@ class NuggetEncoder(Encoder):
             raise UsageError(f"--ratio must be in (0, 1], got {ratio}")
         self.config.ratio = ratio
         self.model.ratio = ratio
+
+    def fit_idf(self, texts: Sequence[str]) -> None:
+        """Fit the IDF table (selector "idf", `idf_prior`) on `texts`, cut as encode() cuts them."""
+        if not self.config.uses_idf:
+            raise UsageError("fit_idf needs selector 'idf' or an idf_prior")
+        table = idf_table(self.tokenize(texts), len(self.model.idf))
+        self.model.idf.copy_(table.to(self.model.idf.device))
+        self.fitted_on = f"idf:{len(texts)}:{float(table.sum()):.6f}"  # part of the embedding cache key
 
     def tokenize(self, texts: Sequence[str], max_length: int | None = None) -> list[list[int]]:
         limit = min(max_length or self.config.max_length, self.model.backbone.max_positions)
@@ -679,90 +487,3 @@ class NuggetEncoder(Encoder):
 def expected_nuggets(n: int, ratio: float) -> int:
     """k for a document of n tokens (what `nugget_counts` computes), for reports and tests."""
     return max(1, min(n, math.ceil(round(n * ratio, 9))))
-
-
-# --- probes: token statistics and reconstruction BLEU ---------------------------------------------------
-
-
-def nugget_token_statistics(items, tokenizer) -> dict[str, Any]:
-    """How often each token type is chosen as a nugget versus how often it occurs (paper Figure 5).
-    `items` is what `NuggetEncoder.nuggets` returns. Rows are sorted by times chosen."""
-    from collections import Counter
-
-    seen, chosen = Counter(), Counter()
-    for _, positions, ids in items:
-        tokens = tokenizer.convert_ids_to_tokens(ids)
-        seen.update(tokens)
-        chosen.update(tokens[p] for p in positions.tolist())
-    total_tokens, total_nuggets = sum(seen.values()), sum(chosen.values())
-
-    def row(token: str) -> dict[str, Any]:
-        return {
-            "token": token,
-            "chosen": chosen[token],
-            "seen": seen[token],
-            "nugget_share": chosen[token] / max(total_nuggets, 1),
-            "token_share": seen[token] / max(total_tokens, 1),
-            "selection_rate": chosen[token] / max(seen[token], 1),
-        }
-
-    return {
-        "documents": len(items),
-        "tokens": total_tokens,
-        "nuggets": total_nuggets,
-        "rows": [row(t) for t, _ in chosen.most_common()],
-        "frequent": [row(t) for t, _ in seen.most_common(20)],
-    }
-
-
-def corpus_bleu(hypotheses: Sequence[list[str]], references: Sequence[list[str]], max_order: int = 4) -> dict:
-    """Corpus BLEU (Papineni et al. 2002): geometric mean of clipped n-gram precisions (n = 1..4, counts
-    summed over the corpus) times the brevity penalty exp(1 - r / c) when c < r. One reference each."""
-    from collections import Counter
-
-    matches, totals = [0] * max_order, [0] * max_order
-    hyp_len = ref_len = 0
-    for hyp, ref in zip(hypotheses, references, strict=True):
-        hyp_len, ref_len = hyp_len + len(hyp), ref_len + len(ref)
-        for n in range(1, max_order + 1):
-            hyp_ngrams = Counter(tuple(hyp[i : i + n]) for i in range(len(hyp) - n + 1))
-            ref_ngrams = Counter(tuple(ref[i : i + n]) for i in range(len(ref) - n + 1))
-            matches[n - 1] += sum(min(c, ref_ngrams[g]) for g, c in hyp_ngrams.items())
-            totals[n - 1] += max(len(hyp) - n + 1, 0)
-    precisions = [m / t if t else 0.0 for m, t in zip(matches, totals, strict=True)]
-    geometric = 0.0 if min(precisions) == 0 else math.exp(sum(math.log(p) for p in precisions) / max_order)
-    brevity = 1.0 if hyp_len > ref_len else (math.exp(1 - ref_len / hyp_len) if hyp_len else 0.0)
-    return {
-        "bleu": 100 * brevity * geometric,
-        "precisions": [100 * p for p in precisions],
-        "brevity_penalty": brevity,
-        "hyp_len": hyp_len,
-        "ref_len": ref_len,
-    }
-
-
-def token_words(tokenizer, ids: Sequence[int]) -> list[str]:
-    """Words of a token id sequence: sub-word pieces joined ("##" continuations for WordPiece, a leading
-    "Ġ"/"▁" starting a word for BPE/SentencePiece), special tokens dropped, punctuation kept separate
-    (no detokenisation cleanup), so BLEU counts the same units in hypotheses and references."""
-    special = set(tokenizer.all_special_ids)
-    pieces = tokenizer.convert_ids_to_tokens([i for i in ids if i not in special])
-    marked = any(p.startswith(("Ġ", "▁")) for p in pieces)
-    words: list[str] = []
-    for piece in pieces:
-        if piece.startswith("##") and words:
-            words[-1] += piece[2:]
-        elif marked and not piece.startswith(("Ġ", "▁")) and words:
-            words[-1] += piece
-        else:
-            words.append(piece.lstrip("Ġ▁"))
-    return [w for w in words if w]
-
-
-def reconstruction_bleu(encoder: NuggetEncoder, texts: Sequence[str], beams: int = 5, max_length: int = 128):
-    """Decode each text from its nuggets (beam search) and score corpus BLEU-4 against the text as the
-    model saw it (cut to `max_length` tokens), both as `token_words`."""
-    ids, outputs = encoder.reconstruct_ids(texts, beams=beams, max_length=max_length)
-    references = [token_words(encoder.tokenizer, i) for i in ids]
-    hypotheses = [token_words(encoder.tokenizer, o) for o in outputs]
-    return corpus_bleu(hypotheses, references)

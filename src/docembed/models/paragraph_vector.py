@@ -48,7 +48,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -61,8 +60,10 @@ import numpy as np
 
 from docembed.errors import CorruptModelError, UsageError
 from docembed.io.readers import Document
-from docembed.models.base import WEIGHTS_NAME, Encoder, EncoderConfig, l2_normalize, read_config
+from docembed.models.base import WEIGHTS_NAME, Encoder, EncoderConfig, read_config
 from docembed.models.registry import register
+from docembed.text import tokenize as tokenize_words
+from docembed.types import l2_normalize
 
 MODES = ("dm", "dbow", "concat")
 TOKENIZER = "lower-words-v1"
@@ -73,12 +74,10 @@ MIN_TEXTS_PER_WORKER = 16
 VOCAB_NAME = "vocab.json"
 TAGS_NAME = "tags.json"
 
-_WORD = re.compile(r"\w+(?:'\w+)*")
-
 
 def tokenize(text: str) -> list[str]:
-    """The `lower-words-v1` tokenizer (see the module docstring)."""
-    return _WORD.findall(text.lower())
+    """The `lower-words-v1` tokenizer of docembed.text (see the module docstring)."""
+    return tokenize_words(text, True, TOKENIZER)
 
 
 def split_pieces(tokens: list[str], size: int = MAX_PIECE_TOKENS) -> list[list[str]]:
@@ -295,6 +294,7 @@ def train_paragraph_vectors(
 class ParagraphVectorEncoder(Encoder):
     family = "pv"
     config_class = PVConfig
+    capabilities = frozenset({"workers"})
 
     def __init__(self, config: PVConfig, name: str | None = None, models: dict | None = None, tags=None):
         super().__init__(config, name)

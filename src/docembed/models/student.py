@@ -28,15 +28,9 @@ from typing import Any
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
-from docembed.models.base import (
-    Encoder,
-    EncoderConfig,
-    l2_normalize,
-    load_state_dict,
-    read_config,
-    save_state_dict,
-)
+from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
 from docembed.models.registry import register
+from docembed.types import l2_normalize
 
 TOKENIZER_SUBDIR = "tokenizer"
 # Sources whose absolute positions start after the padding index (fairseq's make_positions).
@@ -98,6 +92,8 @@ class StudentEncoder(Encoder):
     def encode(self, texts: Sequence[str], batch_size: int = 8) -> np.ndarray:
         import torch
 
+        from docembed.tensors import pad_sequences
+
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
@@ -110,7 +106,7 @@ class StudentEncoder(Encoder):
         with torch.inference_mode():
             for start in range(0, len(order), batch_size):
                 rows = order[start : start + batch_size]
-                input_ids, mask = pad_batch([ids[i] for i in rows], self.pad_id)
+                input_ids, mask = pad_sequences([ids[i] for i in rows], self.pad_id)
                 pooled = self.forward(input_ids.to(self.device), mask.to(self.device))
                 out[rows] = pooled.float().cpu().numpy()
         self.model.train(was_training)
@@ -152,19 +148,6 @@ class StudentEncoder(Encoder):
 def masked_mean(hidden, attention_mask):
     mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
     return (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
-
-
-def pad_batch(sequences: Sequence[Sequence[int]], pad_id: int):
-    """(input_ids, attention_mask) tensors, right-padded to the longest sequence."""
-    import torch
-
-    width = max(1, max(len(s) for s in sequences))
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, : len(seq)] = torch.as_tensor(list(seq), dtype=torch.long)
-        mask[row, : len(seq)] = 1
-    return input_ids, mask
 
 
 def _longformer_dict(config) -> dict[str, Any]:

@@ -6,114 +6,32 @@
   in the teacher's own tokens), else 0: SBERT's vector of a truncated document describes only its start.
 - L_depth is losses/distill.py (cosine, MSE or bounded max-margin); L_breadth is losses/soft_cca.py.
 
-Teacher vectors are computed once per corpus and cached on disk (`TeacherCache`), keyed by the teacher's
-identity and each document's text hash, so training never recomputes them and a second run on an
-overlapping corpus only encodes the new documents.
+Teacher vectors are computed once per corpus and cached on disk (`docembed.encoding.EmbeddingCache`), keyed
+by the teacher's identity and each document's text hash, so training never recomputes them and a second
+run on an overlapping corpus only encodes the new documents.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-import os
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
 from docembed.errors import UsageError
+from docembed.io.readers import batched
 from docembed.losses.distill import DepthLoss
 from docembed.losses.soft_cca import SoftCCALoss
-from docembed.models.student import StudentEncoder, masked_mean, pad_batch
-from docembed.runtime import log, progress_bar
+from docembed.models.student import StudentEncoder, masked_mean
+from docembed.tensors import PackedSequences, pad_sequences
 from docembed.training.loop import Recipe
 
 
-# --- teacher vectors, cached ----------------------------------------------------------------------------
-def text_key(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-
-def teacher_identity(encoder) -> str:
-    """A key for 'this teacher with these weights': name, family, config hash and, for a saved model, the
-    size and modification time of each of its files (so retraining into the same folder changes it)."""
-    parts: dict[str, Any] = {**encoder.metadata(), "source": encoder.source}
-    parts.pop("docembed_version", None)
-    if encoder.source and Path(encoder.source).is_dir():
-        parts["files"] = sorted(
-            (p.name, p.stat().st_size, p.stat().st_mtime_ns)
-            for p in Path(encoder.source).iterdir()
-            if p.is_file()
-        )
-    max_len = getattr(encoder, "max_seq_length", None)
-    parts["max_seq_length"] = max_len
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-class TeacherCache:
-    """`<root>/<teacher id>/vectors.npy` + `keys.json` (text hashes, row order). Never pickled."""
-
-    def __init__(self, root: str | Path):
-        self.root = Path(root)
-
-    def vectors(
-        self, encoder, texts: Sequence[str], batch_size: int = 16, label: str = "teacher"
-    ) -> np.ndarray:
-        """The teacher's vector of every text, encoding only those not cached yet."""
-        folder = self.root / teacher_identity(encoder)
-        keys_path, vectors_path = folder / "keys.json", folder / "vectors.npy"
-        keys: list[str] = []
-        stored = None
-        if keys_path.exists() and vectors_path.exists():
-            keys = json.loads(keys_path.read_text(encoding="utf-8"))
-            stored = np.load(vectors_path, allow_pickle=False)
-            if len(stored) != len(keys):  # an interrupted write: start the cache afresh
-                keys, stored = [], None
-        row_of = {k: i for i, k in enumerate(keys)}
-        wanted = [text_key(t) for t in texts]
-        first_row: dict[str, int] = {}
-        for i, k in enumerate(wanted):
-            if k not in row_of and k not in first_row:
-                first_row[k] = i
-        missing = list(first_row.items())
-        if missing:
-            log(f"{label}: encoding {len(missing)} of {len(texts)} documents (cache {folder})")
-            new_rows = []
-            chunk = 256
-            with progress_bar(f"{label} vectors", total=math.ceil(len(missing) / chunk)) as bar:
-                for start in range(0, len(missing), chunk):
-                    part = [texts[i] for _, i in missing[start : start + chunk]]
-                    new_rows.append(np.asarray(encoder.encode(part, batch_size=batch_size), dtype=np.float32))
-                    bar.advance()
-            new = np.concatenate(new_rows)
-            stored = new if stored is None else np.concatenate([stored, new])
-            keys = keys + [k for k, _ in missing]
-            folder.mkdir(parents=True, exist_ok=True)
-            _atomic_save(vectors_path, stored, keys_path, keys, encoder)
-            row_of = {k: i for i, k in enumerate(keys)}
-        else:
-            log(f"{label}: all {len(texts)} documents cached ({folder})")
-        return stored[[row_of[k] for k in wanted]]
-
-
-def _atomic_save(vectors_path: Path, vectors: np.ndarray, keys_path: Path, keys: list[str], encoder) -> None:
-    tmp = vectors_path.with_suffix(".tmp.npy")
-    np.save(tmp, vectors, allow_pickle=False)
-    os.replace(tmp, vectors_path)
-    tmp_keys = keys_path.with_suffix(".tmp")
-    tmp_keys.write_text(json.dumps(keys), encoding="utf-8")
-    os.replace(tmp_keys, keys_path)
-    (keys_path.parent / "teacher.json").write_text(
-        json.dumps({**encoder.metadata(), "source": encoder.source}, indent=2), encoding="utf-8"
-    )
-
-
+# --- which teacher vectors count (the vectors themselves: docembed.encoding.EmbeddingCache) ---------------
 def depth_weights(teacher, texts: Sequence[str], weight: float = 1.0) -> np.ndarray:
     """lambda(x): `weight` for texts the teacher reads whole (in its own tokens, special tokens included),
     0 for longer ones."""
@@ -170,6 +88,7 @@ class DistillSettings:
     batch_size: int = 8
     bucket_batches: int = 32  # length buckets: sort this many batches' worth of documents by length
     gradient_checkpointing: bool = False
+    freeze_embeddings: bool = False  # embeddings stay the base model's (the zoo ships layers only)
     seed: int = 0
 
 
@@ -179,7 +98,7 @@ class DistillRecipe(Recipe):
     def __init__(
         self,
         student: StudentEncoder,
-        texts: Sequence[str],
+        texts: Iterable[str],
         settings: DistillSettings,
         sbert_vectors: np.ndarray | None = None,
         sbert_weights: np.ndarray | None = None,
@@ -190,7 +109,9 @@ class DistillRecipe(Recipe):
             raise UsageError("distillation needs at least one teacher (sbert, pv)")
         self.student = student
         self.settings = settings
-        self.token_ids = student.tokenize(texts)
+        # Token ids as compact arrays (the length buckets need random access), tokenized a chunk at a time.
+        chunks = (student.tokenize(chunk) for chunk in batched(texts, 1024))
+        self.token_ids = PackedSequences.from_chunks(chunks)
         self.sbert = (
             torch.from_numpy(np.asarray(sbert_vectors, dtype=np.float32))
             if sbert_vectors is not None
@@ -221,6 +142,8 @@ class DistillRecipe(Recipe):
             model = student.model
             getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()
         student.model.train()
+        if settings.freeze_embeddings:
+            student.model.embeddings.requires_grad_(False)
         self.module = DistillModule(
             student.model, depth, breadth, self.sbert.shape[1] if self.sbert is not None else None
         )
@@ -231,11 +154,12 @@ class DistillRecipe(Recipe):
         rng = random.Random(self.settings.seed + epoch)
         index = list(range(len(self.token_ids)))
         rng.shuffle(index)
+        lengths = self.token_ids.lengths.tolist()
         size = self.settings.batch_size
         pool = size * self.settings.bucket_batches
         batches = []
         for start in range(0, len(index), pool):
-            chunk = sorted(index[start : start + pool], key=lambda i: len(self.token_ids[i]))
+            chunk = sorted(index[start : start + pool], key=lengths.__getitem__)
             batches.extend(chunk[i : i + size] for i in range(0, len(chunk), size))
         rng.shuffle(batches)
         return batches
@@ -248,7 +172,7 @@ class DistillRecipe(Recipe):
             yield self.collate(rows)
 
     def collate(self, rows: list[int]) -> dict[str, torch.Tensor]:
-        input_ids, mask = pad_batch([self.token_ids[i] for i in rows], self.student.pad_id)
+        input_ids, mask = pad_sequences([self.token_ids[i] for i in rows], self.student.pad_id)
         batch = {"input_ids": input_ids, "attention_mask": mask}
         if self.sbert is not None:
             batch["sbert"] = self.sbert[rows]

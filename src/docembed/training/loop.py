@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from docembed.models.base import load_untied_state, untied_state
 from docembed.runtime import log, progress_bar, raise_if_interrupted, resolve_device, torchrun_rank
 
 
@@ -49,6 +50,40 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     time_budget_s: float | None = None  # stop (and save) after this many seconds of training
+
+    def __post_init__(self):
+        # Checked here, not only in the CLI, so a bad setting from any caller is one clear line, not an
+        # optimizer traceback (AdamW rejects lr < 0) or a run that silently trains nothing (lr = 0).
+        from docembed.errors import UsageError
+
+        def bad(flag: str, value, rule: str) -> UsageError:
+            return UsageError(f"{flag} {value} is not valid: {rule}")
+
+        if not (math.isfinite(self.lr) and 0 < self.lr < 1e3):
+            raise bad("--lr", self.lr, "give a finite learning rate above 0 (e.g. 5e-5)")
+        if self.time_budget_s is not None and not (
+            math.isfinite(self.time_budget_s) and self.time_budget_s > 0
+        ):
+            raise bad("--time-budget", self.time_budget_s, "give a number of seconds above 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            raise bad("--weight-decay", self.weight_decay, "give a finite value of 0 or more")
+        if self.max_grad_norm is not None and not (
+            math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0
+        ):
+            raise bad(
+                "--max-grad-norm", self.max_grad_norm, "give a finite norm of 0 or more (0: no clipping)"
+            )
+        for flag, value, least in (
+            ("--epochs", self.epochs, 1),
+            ("--grad-accum", self.grad_accum, 1),
+            ("--log-every", self.log_every, 1),
+            ("--save-every", self.save_every, 1),
+            ("--warmup-steps", self.warmup_steps, 0),
+        ):
+            if value < least:
+                raise bad(flag, value, f"give an integer of {least} or more")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise bad("--max-steps", self.max_steps, "give an integer of 1 or more")
 
 
 class Recipe(ABC):
@@ -183,8 +218,7 @@ class Checkpoint:
 
         tmp = self.dir.with_name("checkpoint.tmp")
         tmp.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-        save_file(_dedupe(tensors), str(tmp / "model.safetensors"))
+        save_file(untied_state(module), str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         if self.dir.exists():
@@ -196,21 +230,12 @@ class Checkpoint:
     def load(self, module: nn.Module, optimizer, device: str) -> dict:
         from safetensors.torch import load_file
 
-        module.load_state_dict(load_file(str(self.dir / "model.safetensors"), device=device), strict=False)
+        state = load_file(str(self.dir / "model.safetensors"), device=device)
+        load_untied_state(module, state, f"{self.dir} does not match this run's model")
         optimizer.load_state_dict(
             torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True)
         )
         return json.loads((self.dir / "state.json").read_text())
-
-
-def _dedupe(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    # safetensors refuses tensors sharing storage (tied embeddings); clone the repeats.
-    seen, out = set(), {}
-    for key, t in tensors.items():
-        ptr = (t.data_ptr(), t.numel())
-        out[key] = t.clone() if ptr in seen and t.numel() else t
-        seen.add(ptr)
-    return out
 
 
 def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
@@ -239,71 +264,85 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
         state = checkpoint.load(module, optimizer, device)
         step, epoch, done_in_epoch = state["step"], state["epoch"], state["batches_done_in_epoch"]
         log(f"resumed from {checkpoint.dir}: step {step}, epoch {epoch}, batch {done_in_epoch}")
+    elif config.resume:
+        log(f"nothing to resume in {output_dir} (no checkpoint): training from step 0")
 
     log_path = output_dir / "train_log.jsonl"
+    if env.is_main:
+        # Lines logged after the checkpoint we start from describe steps that will be trained again.
+        _truncate_log(log_path, after_step=step)
     started = time.perf_counter()
     units_total = 0
     last: dict[str, float] = {}
     stop = False
     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": done_in_epoch}
     module.train()
-    with progress_bar(f"train {type(recipe).__name__}", total=config.max_steps) as bar:
-        while epoch < config.epochs and not stop:
-            window = {"units": 0, "t0": time.perf_counter(), "sums": {}, "n": 0}
-            micro = 0
-            for group_end, batch in _own_batches(recipe.batches(epoch), done_in_epoch, env):
-                raise_if_interrupted()
-                batch = recipe.to_device(batch, device)
-                # Skip the gradient all-reduce on accumulation micro-steps (no_sync), as DDP intends.
-                sync = (micro + 1) % config.grad_accum == 0
-                ctx = model.no_sync() if env.world_size > 1 and not sync else nullcontext()
-                with ctx, autocast:
-                    terms = model(batch)
-                    loss = terms["loss"] / config.grad_accum
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower the lr")
-                (scaler.scale(loss) if scaler else loss).backward()
-                micro += 1
-                units = recipe.batch_units(batch)
-                window["units"] += units
-                units_total += units
-                for k, v in terms.items():
-                    window["sums"][k] = window["sums"].get(k, 0.0) + float(v.detach())
-                window["n"] += 1
-                if not sync:
-                    continue
-                for group in optimizer.param_groups:
-                    group["lr"] = _lr_at(step, config)
-                if scaler:
-                    scaler.unscale_(optimizer)
-                if config.max_grad_norm:
-                    nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                if scaler:
-                    scaler.step(optimizer)
-                    scaler.update()
-                else:
-                    optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                bar.advance()
-                position = {"step": step, "epoch": epoch, "batches_done_in_epoch": group_end + 1}
-                if step % config.log_every == 0:
-                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
-                if env.is_main and step % config.save_every == 0:
+    try:
+        with progress_bar(f"train {type(recipe).__name__}", total=config.max_steps) as bar:
+            while epoch < config.epochs and not stop:
+                window = {"units": 0, "t0": time.perf_counter(), "sums": {}, "n": 0}
+                micro = 0
+                for group_end, batch in _own_batches(recipe.batches(epoch), done_in_epoch, env):
+                    raise_if_interrupted()
+                    batch = recipe.to_device(batch, device)
+                    # Skip the gradient all-reduce on accumulation micro-steps (no_sync), as DDP intends.
+                    sync = (micro + 1) % config.grad_accum == 0
+                    ctx = model.no_sync() if env.world_size > 1 and not sync else nullcontext()
+                    with ctx, autocast:
+                        terms = model(batch)
+                        loss = terms["loss"] / config.grad_accum
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(f"loss is {loss.item()} at step {step}; lower the lr")
+                    (scaler.scale(loss) if scaler else loss).backward()
+                    micro += 1
+                    units = recipe.batch_units(batch)
+                    window["units"] += units
+                    units_total += units
+                    for k, v in terms.items():
+                        window["sums"][k] = window["sums"].get(k, 0.0) + float(v.detach())
+                    window["n"] += 1
+                    if not sync:
+                        continue
+                    for group in optimizer.param_groups:
+                        group["lr"] = _lr_at(step, config)
+                    if scaler:
+                        scaler.unscale_(optimizer)
+                    if config.max_grad_norm:
+                        nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                    if scaler:
+                        scaler.step(optimizer)
+                        scaler.update()
+                    else:
+                        optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    step += 1
+                    bar.advance()
+                    position = {"step": step, "epoch": epoch, "batches_done_in_epoch": group_end + 1}
+                    if step % config.log_every == 0:
+                        last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
+                    if env.is_main and step % config.save_every == 0:
+                        checkpoint.save(module, optimizer, position)
+                    out_of_time = bool(config.time_budget_s) and _any_rank(
+                        time.perf_counter() - started > config.time_budget_s, env, device
+                    )
+                    if (config.max_steps and step >= config.max_steps) or out_of_time:
+                        stop = True
+                        break
+                if window["n"]:
+                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar) or last
+                if not stop:
+                    epoch, done_in_epoch = epoch + 1, 0
+                    position = {"step": step, "epoch": epoch, "batches_done_in_epoch": 0}
+                if env.is_main:
                     checkpoint.save(module, optimizer, position)
-                out_of_time = bool(config.time_budget_s) and _any_rank(
-                    time.perf_counter() - started > config.time_budget_s, env, device
-                )
-                if (config.max_steps and step >= config.max_steps) or out_of_time:
-                    stop = True
-                    break
-            if window["n"]:
-                last = _log_window(window, env, device, position, recipe.unit, log_path, bar) or last
-            if not stop:
-                epoch, done_in_epoch = epoch + 1, 0
-                position = {"step": step, "epoch": epoch, "batches_done_in_epoch": 0}
-            if env.is_main:
-                checkpoint.save(module, optimizer, position)
+
+    except KeyboardInterrupt:
+        # Ctrl-C or SIGTERM: keep what was trained. `position` (the last completed optimizer step) is
+        # consistent: partly accumulated gradients are dropped, and a resumed run redoes those batches.
+        if env.is_main and position["step"] > 0:
+            checkpoint.save(module, optimizer, position)
+            log(f"interrupted: checkpoint at step {position['step']} saved; continue with --resume")
+        raise
 
     seconds = time.perf_counter() - started
     units_all = _reduce_mean({"u": float(units_total)}, env, device)["u"] * env.world_size
@@ -371,3 +410,15 @@ def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dic
             handle.write(json.dumps({**position, **{k: round(v, 6) for k, v in means.items()}}) + "\n")
     window.update(units=0, t0=time.perf_counter(), sums={}, n=0)
     return {k: v for k, v in means.items() if math.isfinite(v)}
+
+
+def _truncate_log(log_path: Path, after_step: int) -> None:
+    """Drop log lines of steps after `after_step`: a run that stopped before checkpointing them wrote them."""
+    if not log_path.exists():
+        return
+    lines = log_path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= after_step]
+    if len(kept) != len(lines):
+        tmp = log_path.with_name(log_path.name + ".tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        tmp.replace(log_path)

@@ -1,14 +1,18 @@
 """Training NUGGET (models/nugget.py) through the shared loop.
 
-Objectives:
-- `ae` (autoencoding): the target is the document itself; the encoder sees it with random token deletion
-  (each non-special token dropped with probability `noise`), so the nuggets must carry the content.
-- `mt`: JSON Lines pairs of a source and a target text (field names configurable), e.g. translations or,
-  as bench/bench_nugget.py builds them, paraphrase pairs.
+Objectives (losses/nugget_*.py):
+- `ae` (autoencoding): the decoder reconstructs the document from its nuggets; the encoder sees it with
+  random token deletion (each non-special token dropped with probability `noise`).
+- `mt`: the decoder produces the other text of a JSON Lines pair (a translation, a paraphrase).
+- `sim`: the two texts of a pair are paraphrases: a soft mean-MaxSim between their nuggets, with the
+  batch's other documents as negatives (each unordered pair counted once).
 
-Both sides are cut to `max_length` tokens (128 by default, as in the paper's setup). Batches are shuffled
-with seed + epoch, so every rank sees the same global sequence (the loop's DDP contract); token deletion
-draws from a generator seeded by (seed, epoch, batch index), so a resumed run deletes the same tokens.
+Both sides are cut to `max_length` tokens. Batches are shuffled with seed + epoch, so every rank sees the
+same global sequence (the loop's DDP contract); token deletion draws from a generator seeded by (seed,
+epoch, batch index), so a resumed run deletes the same tokens. When the model's token states cannot change
+(`NuggetModel.cacheable`: whole encoder frozen, no feedback), `sim` computes them once per document, so an
+epoch costs only the scorer and W_V. `anchor_weight` adds an L2 pull of the trainable encoder weights
+towards the warm start.
 """
 
 from __future__ import annotations
@@ -19,18 +23,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from docembed.errors import DocembedError, UsageError
+from docembed.losses.nugget_anchor import NuggetAnchorPenalty
+from docembed.losses.nugget_reconstruction import NuggetReconstructionLoss
+from docembed.losses.nugget_similarity import NuggetSimilarityLoss
 from docembed.models.nugget import NuggetEncoder
+from docembed.tensors import pad_sequences
 from docembed.training.loop import Recipe
 
-OBJECTIVES = ("ae", "mt")
+OBJECTIVES = ("ae", "mt", "sim")
 
 
 @dataclass
 class Example:
     source: list[int]  # encoder input ids (special tokens included)
-    target: list[int]  # decoder target ids (special tokens included)
+    target: list[int]  # decoder target ids / the paraphrase (special tokens included)
 
 
 def tokenize_examples(
@@ -39,6 +48,18 @@ def tokenize_examples(
     source_ids = encoder.tokenize(sources, max_length)
     target_ids = source_ids if targets is None else encoder.tokenize(targets, max_length)
     return [Example(s, t) for s, t in zip(source_ids, target_ids, strict=True) if len(s) > 2 and len(t) > 2]
+
+
+def unordered_pairs(examples: list[Example]) -> list[Example]:
+    """Each pair once: (a, b) and (b, a) are the same positive for a symmetric objective, and both in one
+    batch would make each the other's false negative."""
+    seen, kept = set(), []
+    for example in examples:
+        key = frozenset((tuple(example.source), tuple(example.target)))
+        if key not in seen:
+            seen.add(key)
+            kept.append(example)
+    return kept
 
 
 def delete_tokens(ids: list[int], rate: float, generator: random.Random) -> list[int]:
@@ -52,6 +73,21 @@ def delete_tokens(ids: list[int], rate: float, generator: random.Random) -> list
     return [ids[0], *inner, ids[-1]]
 
 
+class NuggetObjective(nn.Module):
+    """The recipe's module: one objective's loss, plus the anchor penalty when there is one."""
+
+    def __init__(self, loss: nn.Module, anchor: NuggetAnchorPenalty | None = None):
+        super().__init__()
+        self.loss, self.anchor = loss, anchor
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        terms = self.loss(batch)
+        if self.anchor is not None:
+            terms["anchor"] = self.anchor()
+            terms["loss"] = terms["loss"] + terms["anchor"]
+        return terms
+
+
 class NuggetRecipe(Recipe):
     unit = "tokens"  # encoder input tokens
 
@@ -63,24 +99,39 @@ class NuggetRecipe(Recipe):
         noise: float = 0.1,
         batch_size: int = 16,
         seed: int = 0,
+        anchor_weight: float = 0.0,
+        attention_temperature: float = 0.05,
+        temperature: float = 0.05,
     ):
         super().__init__()
         if objective not in OBJECTIVES:
             raise UsageError(f"objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
+        if objective == "sim":
+            examples = unordered_pairs(examples)
         if not examples:
             raise DocembedError("no training examples (every document was empty?)")
         self.encoder = encoder
-        self.module = encoder.model
+        model = encoder.model
+        if objective == "sim":
+            loss = NuggetSimilarityLoss(model, attention_temperature, temperature)
+        else:
+            loss = NuggetReconstructionLoss(model)
+        anchored = [p for p in model.backbone.encoder_stack.parameters() if p.requires_grad]
+        anchor = NuggetAnchorPenalty(anchored, anchor_weight) if anchor_weight > 0 and anchored else None
+        self.module = NuggetObjective(loss, anchor)
         self.examples = examples
         self.objective = objective
         self.noise = noise if objective == "ae" else 0.0
         self.batch_size = batch_size
         self.seed = seed
+        self.states: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def num_batches(self, epoch: int) -> int:
         return -(-len(self.examples) // self.batch_size)
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
+        if self.objective == "sim" and self.encoder.model.cacheable and self.states is None:
+            self.states = self.compute_states()
         order = list(range(len(self.examples)))
         random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
         for number, start in enumerate(range(0, len(order), self.batch_size)):
@@ -89,19 +140,57 @@ class NuggetRecipe(Recipe):
             yield self.collate(chunk, noise)
 
     def collate(self, chunk: list[Example], generator: random.Random) -> dict[str, torch.Tensor]:
-        backbone = self.module.backbone
+        backbone = self.encoder.model.backbone
+        if self.objective == "sim":
+            batch = {}
+            for side, rows in (("", [e.source for e in chunk]), ("other_", [e.target for e in chunk])):
+                batch[f"{side}input_ids"], batch[f"{side}attention_mask"] = pad_sequences(
+                    rows, backbone.pad_id
+                )
+                if self.states is not None:
+                    batch[f"{side}bottom"] = _pad_states([self.states[tuple(r)][0] for r in rows])
+                    batch[f"{side}top"] = _pad_states([self.states[tuple(r)][1] for r in rows])
+            return batch
         sources = [delete_tokens(e.source, self.noise, generator) for e in chunk]
         targets = [e.target[1:] if backbone.labels_drop_first else e.target for e in chunk]
         decoder_inputs = [[backbone.start_id, *t[:-1]] for t in targets]
-        input_ids, attention = _pad(sources, backbone.pad_id)
-        decoder_input_ids, _ = _pad(decoder_inputs, backbone.pad_id)
-        labels, _ = _pad(targets, -100)
+        input_ids, attention = pad_sequences(sources, backbone.pad_id)
+        decoder_input_ids, _ = pad_sequences(decoder_inputs, backbone.pad_id)
+        labels, _ = pad_sequences(targets, -100)
         return {
             "input_ids": input_ids,
             "attention_mask": attention,
             "decoder_input_ids": decoder_input_ids,
             "labels": labels,
         }
+
+    @torch.no_grad()
+    def compute_states(
+        self, batch_size: int = 32
+    ) -> dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]]:
+        """Layer l's and the last layer's states of every distinct document (bf16, on the CPU)."""
+        from docembed.runtime import log
+
+        model = self.encoder.model
+        was_training = model.training
+        model.eval()
+        device = next(model.parameters()).device
+        docs = sorted({tuple(ids) for e in self.examples for ids in (e.source, e.target)}, key=len)
+        states = {}
+        for start in range(0, len(docs), batch_size):
+            chunk = [list(d) for d in docs[start : start + batch_size]]
+            ids, mask = pad_sequences(chunk, model.backbone.pad_id)
+            bottom, encoder_mask = model.bottom_states(ids.to(device), mask.to(device))
+            top = model.upper_states(bottom, encoder_mask)
+            for row, doc in enumerate(chunk):
+                n = len(doc)
+                states[tuple(doc)] = (
+                    bottom[row, :n].to("cpu", torch.bfloat16),
+                    top[row, :n].to("cpu", torch.bfloat16),
+                )
+        model.train(was_training)
+        log(f"train-nugget: token states of {len(states)} documents computed once (frozen encoder)")
+        return states
 
     def batch_units(self, batch: dict[str, torch.Tensor]) -> int:
         return int(batch["attention_mask"].sum())
@@ -110,11 +199,8 @@ class NuggetRecipe(Recipe):
         self.encoder.save(directory)
 
 
-def _pad(rows: list[list[int]], value: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), value, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
+def _pad_states(rows: list[torch.Tensor]) -> torch.Tensor:
+    out = torch.zeros((len(rows), max(len(r) for r in rows), rows[0].shape[1]), dtype=torch.float32)
     for i, row in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[i, : len(row)] = 1
-    return ids, mask
+        out[i, : len(row)] = row.float()
+    return out

@@ -22,11 +22,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from docembed.errors import DocembedError
+from docembed.losses.neighbour_contrastive import NeighbourContrastiveLoss
 from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder, QuickThoughtsModule
+from docembed.models.word_vectors import offline_glove, read_word_vectors, vocabulary_rows
 from docembed.runtime import log, progress_bar
-from docembed.text import Vocabulary, offline_glove_vectors, read_word_vectors, split_sentences, tokenize
+from docembed.tensors import pad_sequences
+from docembed.text import Vocabulary, split_sentences, tokenize
 from docembed.training.loop import Recipe
 
 
@@ -128,7 +132,8 @@ def initial_embeddings(vocabulary: Vocabulary, dim: int | None, vectors: str | N
     """Word-embedding matrix for `vocabulary`: rows from a word2vec/GloVe text file (`vectors`), or from
     the offline GloVe 6B 50d package when `vectors` is None; words without a vector (UNK included) get
     random rows with GloVe's scale, PAD gets zeros. Returns (matrix, fraction of words found)."""
-    matrix, found = read_word_vectors(vectors, vocabulary) if vectors else offline_glove_vectors(vocabulary)
+    words, table = read_word_vectors(vectors, keep=vocabulary) if vectors else offline_glove()
+    matrix, found = vocabulary_rows(words, table, vocabulary)
     if dim is not None and matrix.shape[1] != dim:
         raise DocembedError(f"the word vectors have {matrix.shape[1]} dimensions, not {dim}")
     scale = float(matrix[found].std()) if found.any() else 0.1
@@ -138,6 +143,20 @@ def initial_embeddings(vocabulary: Vocabulary, dim: int | None, vectors: str | N
     matrix[Vocabulary.pad_id] = 0.0
     coverage = float(found[2:].mean()) if len(found) > 2 else 0.0
     return matrix, coverage
+
+
+class QuickThoughtsObjective(nn.Module):
+    """forward(batch) -> {"loss", "neighbour_acc"}: the f and g vectors of a batch of consecutive sentences
+    through the neighbour loss (losses/neighbour_contrastive.py); `groups` keeps neighbours in their run."""
+
+    def __init__(self, network: QuickThoughtsModule, loss: NeighbourContrastiveLoss):
+        super().__init__()
+        self.network = network
+        self.loss = loss
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        f_vectors, g_vectors = self.network.encode_pair(batch["ids"], batch["lengths"])
+        return self.loss(f_vectors, g_vectors, batch.get("groups"))
 
 
 class QuickThoughtsRecipe(Recipe):
@@ -158,21 +177,21 @@ class QuickThoughtsRecipe(Recipe):
         self.config = config
         self.batch_size = batch_size
         self.seed = seed
-        self.module = QuickThoughtsModule(config)
+        self.network = QuickThoughtsModule(config)
         if embeddings is not None:
             with torch.no_grad():
-                self.module.embedding.weight.copy_(torch.from_numpy(embeddings))
+                self.network.embedding.weight.copy_(torch.from_numpy(embeddings))
+        self.module = QuickThoughtsObjective(self.network, NeighbourContrastiveLoss(config.context_size))
         self.runs = sentence_runs(corpus.doc_offsets, batch_size)
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
         for sentences, run_ids in run_batches(self.runs, self.batch_size, self.seed + epoch):
-            lengths = self.corpus.offsets[sentences + 1] - self.corpus.offsets[sentences]
-            ids = np.zeros((len(sentences), int(lengths.max())), dtype=np.int64)
-            for row, k in enumerate(sentences.tolist()):
-                ids[row, : lengths[row]] = self.corpus.sentence(k)
+            ids, mask = pad_sequences(
+                [self.corpus.sentence(k) for k in sentences.tolist()], Vocabulary.pad_id
+            )
             yield {
-                "ids": torch.from_numpy(ids),
-                "lengths": torch.from_numpy(lengths.astype(np.int64)),
+                "ids": ids,
+                "lengths": mask.sum(dim=1),
                 "groups": torch.from_numpy(run_ids.astype(np.int64)),
             }
 
@@ -184,6 +203,6 @@ class QuickThoughtsRecipe(Recipe):
         return int(batch["ids"].shape[0])
 
     def save(self, directory: Path) -> None:
-        encoder = QuickThoughtsEncoder(self.config, vocabulary=self.corpus.vocabulary, module=self.module)
+        encoder = QuickThoughtsEncoder(self.config, vocabulary=self.corpus.vocabulary, module=self.network)
         encoder.save(directory)
         log(f"saved QuickThoughts ({self.config.sentence_dim}-d sentences) to {directory}")

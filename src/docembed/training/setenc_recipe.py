@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from docembed.losses.align_uniform import AlignUniformLoss
-from docembed.models.set_encoder import SetEncoder, SetEncoderConfig, embed_chunks, pack_sorted, word_tokens
+from docembed.models.setenc import SetEncoder, SetEncoderConfig, embed_chunks, pack_sorted, word_tokens
 from docembed.runtime import log
 from docembed.training.loop import Recipe
 

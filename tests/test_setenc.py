@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from docembed.cli import app
 from docembed.losses.align_uniform import AlignUniformLoss, alignment, uniformity
-from docembed.models.set_encoder import SetEncoder, SetEncoderConfig, TokenHasher, embed_chunks, pack
+from docembed.models.setenc import SetEncoder, SetEncoderConfig, TokenHasher, embed_chunks, pack
 from docembed.training.setenc_recipe import SetEncoderRecipe, split_views
 
 TINY = {"num_buckets": 512, "num_hashes": 2, "word_dim": 16, "heads": 2, "dim": 16, "hidden": 32}
@@ -229,6 +229,19 @@ def test_train_setenc_rejects_bad_options(tmp_path):
     assert result.exit_code != 0
 
 
+def test_train_setenc_keeps_its_old_option_spellings_as_hidden_aliases(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    _corpus(corpus)
+    out = tmp_path / "model"
+    args = ["train-setenc", str(corpus), "--output-dir", str(out), "--t", "2", "--max-steps", "1"]
+    args += ["--buckets", "256", "--dim", "16", "--word-dim", "16", "--heads", "2", "--hidden", "16"]
+    result = CliRunner().invoke(app, ["-q", *args])
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "setenc_training.json").read_text())["t"] == 2.0
+    help_text = CliRunner().invoke(app, ["train-setenc", "--help"], terminal_width=200).output
+    assert "--temperature" in help_text and "--output-dir" not in help_text and " --t " not in help_text
+
+
 def test_plot_cli_writes_a_png(tmp_path):
     pytest.importorskip("matplotlib")
     corpus = tmp_path / "corpus.jsonl"
@@ -236,7 +249,8 @@ def test_plot_cli_writes_a_png(tmp_path):
     rng = np.random.default_rng(0)
     centres = rng.normal(size=(3, 8)) * 5
     vectors = np.stack([centres[i % 3] + rng.normal(size=8) for i in range(60)]).astype(np.float32)
-    from docembed.io.embeddings import EmbeddingSet, save_embeddings
+    from docembed.io.embeddings import save_embeddings
+    from docembed.types import EmbeddingSet
 
     emb = tmp_path / "emb.npz"
     save_embeddings(EmbeddingSet(vectors, [f"d{i}" for i in range(60)], {"model": "test"}), str(emb))

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
-from docembed.io.embeddings import EmbeddingSet, MultiVectors, Vectors, atomic_path
-from docembed.models.base import l2_normalize
+from docembed.io.outputs import atomic_path
 from docembed.scoring import maxsim_one_to_many
+from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
 
 KINDS = ("flat", "hnsw", "ivf")
 

@@ -11,10 +11,10 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from docembed.errors import InputFormatError
-from docembed.io.embeddings import MultiVectors, Vectors
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
 from docembed.scoring import rank, score_one_to_many, score_pairs
+from docembed.types import MultiVectors, Vectors
 
 
 def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str], batch_size: int = 32):

@@ -1,0 +1,94 @@
+"""The training-loop options every `train-*` command takes, declared once (typer only at import time).
+
+`@loop_options(lr=..., ...)` adds them to a command's signature, with the family's own defaults where it
+has them, and hands the values to the command as one `loop: LoopOptions` argument."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass, fields
+
+import typer
+
+
+@dataclass
+class LoopOptions:
+    """The values of the shared options; field names are TrainConfig's."""
+
+    epochs: int = 1
+    max_steps: int | None = None
+    time_budget_s: float | None = None
+    lr: float = 5e-5
+    warmup_steps: int = 0
+    grad_accum: int = 1
+    max_grad_norm: float | None = 1.0
+    weight_decay: float = 0.01
+    amp: str = "auto"
+    log_every: int = 10
+    save_every: int = 500
+    resume: bool = False
+
+    def train_config(self, output_dir, seed: int, device: str):
+        """The loop's TrainConfig for a run writing to `output_dir`."""
+        from docembed.training.loop import TrainConfig
+
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return TrainConfig(output_dir=str(output_dir), seed=seed, device=device, **values)
+
+
+# field -> (value type, option names, extra typer.Option arguments); the order is the --help order.
+_OPTIONS = {
+    "epochs": (int, ("--epochs",), {"min": 1, "help": "Passes over the corpus."}),
+    "max_steps": (int, ("--max-steps",), {"min": 1, "help": "Stop after this many optimizer steps."}),
+    "time_budget_s": (float, ("--time-budget",), {"help": "Stop (and save) after this many seconds."}),
+    "lr": (float, ("--lr",), {"help": "Peak learning rate (AdamW)."}),
+    "warmup_steps": (int, ("--warmup-steps",), {"min": 0, "help": "Linear warm-up steps."}),
+    "grad_accum": (int, ("--grad-accum",), {"min": 1, "help": "Micro-batches per optimizer step."}),
+    "max_grad_norm": (float, ("--max-grad-norm",), {"help": "Clip gradients to this norm (0: no clipping)."}),
+    "weight_decay": (float, ("--weight-decay",), {"min": 0.0, "help": "AdamW's decoupled weight decay."}),
+    "amp": (str, ("--amp",), {"help": "auto | off | bf16 | fp16 (mixed precision on CUDA only)."}),
+    "log_every": (int, ("--log-every",), {"min": 1, "help": "Optimizer steps between log lines."}),
+    "save_every": (int, ("--save-every",), {"min": 1, "help": "Optimizer steps between checkpoints."}),
+    "resume": (bool, ("--resume",), {"help": "Continue from OUTPUT/checkpoint."}),
+}
+OPTION_NAMES = [names[0] for _, names, _ in _OPTIONS.values()]
+
+
+def loop_options(**defaults):
+    """Decorator for a train-* command `def command(..., loop: LoopOptions)`: adds the shared options to its
+    CLI (defaults from LoopOptions unless given here, e.g. `lr=5e-4`) and passes them as `loop`."""
+    unknown = set(defaults) - set(_OPTIONS)
+    if unknown:
+        raise TypeError(f"not loop options: {sorted(unknown)}")
+    base = LoopOptions(**defaults)
+
+    def decorate(command):
+        signature = inspect.signature(command)
+        kept = [p for p in signature.parameters.values() if p.name != "loop"]
+        added = [
+            inspect.Parameter(
+                name,
+                inspect.Parameter.KEYWORD_ONLY,
+                default=typer.Option(getattr(base, name), *names, **extra),
+                annotation=kind,
+            )
+            for name, (kind, names, extra) in _OPTIONS.items()
+        ]
+
+        @functools.wraps(command)
+        def wrapper(*args, **kwargs):
+            values = {name: kwargs.pop(name, getattr(base, name)) for name in _OPTIONS}
+            return command(*args, loop=LoopOptions(**values), **kwargs)
+
+        hints = {k: v for k, v in command.__annotations__.items() if k not in ("loop", "return")}
+        wrapper.__annotations__ = {**hints, **{name: spec[0] for name, spec in _OPTIONS.items()}}
+        wrapper.__signature__ = signature.replace(parameters=[*_keyword_only(kept), *added])
+        return wrapper
+
+    return decorate
+
+
+def _keyword_only(parameters):
+    # typer calls commands with keywords only; keyword-only parameters may then follow in any order.
+    return [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in parameters]

@@ -1,0 +1,74 @@
+"""Pre-trained word vectors for the word-level models (glove-avg, QuickThoughts): a word2vec/GloVe text file,
+or the offline GloVe 6B 50d package."""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from docembed.errors import DocembedError
+
+_OFFLINE_GLOVE: list[tuple[list[str], np.ndarray]] = []
+
+
+def read_word_vectors(path: str | Path, keep: Container[str] | None = None) -> tuple[list[str], np.ndarray]:
+    """Words and vectors of a GloVe (`word v1 ... vd`) or word2vec text file (a `count dim` header line is
+    skipped; .gz is read as gzip). With `keep`, only the first row of each word in `keep` is kept, so a
+    large file costs the memory of the words wanted only."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise DocembedError(f"word vectors file not found: {path}")
+    words, rows, seen = [], [], set()
+    dim = None
+    opener = __import__("gzip").open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+        for line_number, line in enumerate(handle, 1):
+            parts = line.rstrip().split(" ")
+            if line_number == 1 and len(parts) == 2 and all(p.isdigit() for p in parts):
+                continue
+            if len(parts) < 2:
+                continue
+            if dim is None:
+                dim = len(parts) - 1
+            elif len(parts) - 1 != dim:
+                raise DocembedError(f"{path}:{line_number}: expected {dim} numbers")
+            word = parts[0]
+            if keep is not None and (word not in keep or word in seen):
+                continue
+            try:
+                rows.append(np.asarray(parts[1:], dtype=np.float32))
+            except ValueError:
+                raise DocembedError(f"{path}:{line_number}: not a word-vector line") from None
+            words.append(word)
+            seen.add(word)
+    if dim is None:
+        raise DocembedError(f"{path} holds no word vectors")
+    return words, np.stack(rows) if rows else np.zeros((0, dim), dtype=np.float32)
+
+
+def offline_glove() -> tuple[list[str], np.ndarray]:
+    """Words and vectors of the offline GloVe 6B 50d package (read once per process)."""
+    if not _OFFLINE_GLOVE:
+        import pyarrow.parquet as pq
+
+        from docembed.models.offline import glove_files
+
+        vectors_path, words_path = glove_files()
+        words = [str(w) for w in pq.read_table(words_path, columns=["index"]).column("index").to_pylist()]
+        _OFFLINE_GLOVE.append((words, np.load(vectors_path).astype(np.float32, copy=False)))
+    return _OFFLINE_GLOVE[0]
+
+
+def vocabulary_rows(words: Sequence[str], vectors: np.ndarray, vocabulary) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of `vectors` for the tokens of `vocabulary` (a text.Vocabulary): (matrix, found mask); the first
+    row of a word wins, and rows of words not among `words` are zeros (the caller initialises them)."""
+    matrix = np.zeros((len(vocabulary), vectors.shape[1]), dtype=np.float32)
+    found = np.zeros(len(vocabulary), dtype=bool)
+    for row, word in enumerate(words):
+        index = vocabulary.index.get(word)
+        if index is not None and not found[index]:
+            matrix[index] = vectors[row]
+            found[index] = True
+    return matrix, found
