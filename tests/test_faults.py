@@ -447,3 +447,13 @@ def test_interrupt_keeps_a_checkpoint_and_resume_truncates_the_log(capfd, tmp_pa
     capfd.readouterr()
     train(ToyRecipe(), TrainConfig(**{**settings, "output_dir": str(tmp_path / "new")}, resume=True))
     assert "nothing to resume" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["5", "null", '["a"]'])
+def test_train_nugget_refuses_a_target_that_is_not_text(capfd, tmp_path, target):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"source": "one two three four", "target": ' + target + "}\n")
+    out = tmp_path / "run"
+    result = invoke(capfd, "train-nugget", pairs, "--objective", "mt", "-o", out)
+    assert result.code != 0 and "must be strings" in one_line_error(result.err)
+    assert not out.exists()

@@ -147,8 +147,12 @@ def _read_corpus(path, objective, format, text_field, source_field, target_field
             break
         if source_field not in record or target_field not in record:
             raise InputFormatError(path, number, f"needs fields {source_field!r} and {target_field!r}")
-        sources.append(str(record[source_field]))
-        targets.append(str(record[target_field]))
+        source, target = record[source_field], record[target_field]
+        if not isinstance(source, str) or not isinstance(target, str):
+            # str() would silently train on the text "5" or "None"
+            raise InputFormatError(path, number, f"{source_field!r} and {target_field!r} must be strings")
+        sources.append(source)
+        targets.append(target)
     if not sources:
         raise DocembedError(f"{path}: no pairs")
     return sources, targets

@@ -213,6 +213,12 @@ class NuggetModel(nn.Module):
         if config.scorer_layer > len(backbone.layers):
             raise UsageError(f"scorer_layer {config.scorer_layer} > {len(backbone.layers)} encoder layers")
         self.scorer = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, 1))
+        if config.idf_prior:
+            # The learned score is a correction to the IDF rule: it starts at zero, so the untrained model
+            # selects exactly what selector "idf" selects, and training moves away from it only where the
+            # residual's gradient says so.
+            nn.init.zeros_(self.scorer[-1].weight)
+            nn.init.zeros_(self.scorer[-1].bias)
         self.type_embeddings = nn.Embedding(2, d)  # 0 = non-nugget, 1 = nugget
         nn.init.normal_(self.type_embeddings.weight, std=0.02)
         self.value = nn.Linear(d, d, bias=False)  # W_V, identity at start: Z begins as the encoder's states
