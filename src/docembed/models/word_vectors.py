@@ -72,3 +72,20 @@ def vocabulary_rows(words: Sequence[str], vectors: np.ndarray, vocabulary) -> tu
             matrix[index] = vectors[row]
             found[index] = True
     return matrix, found
+
+
+def initial_embeddings(vocabulary, dim: int | None, vectors: str | None, seed: int = 0):
+    """Word-embedding matrix for `vocabulary`: rows from a word2vec/GloVe text file (`vectors`), or from
+    the offline GloVe 6B 50d package when `vectors` is None; words without a vector (UNK included) get
+    random rows with GloVe's scale, PAD gets zeros. Returns (matrix, fraction of words found)."""
+    words, table = read_word_vectors(vectors, keep=vocabulary) if vectors else offline_glove()
+    matrix, found = vocabulary_rows(words, table, vocabulary)
+    if dim is not None and matrix.shape[1] != dim:
+        raise DocembedError(f"the word vectors have {matrix.shape[1]} dimensions, not {dim}")
+    scale = float(matrix[found].std()) if found.any() else 0.1
+    rng = np.random.default_rng(seed)
+    missing = ~found
+    matrix[missing] = rng.normal(0.0, scale, size=(int(missing.sum()), matrix.shape[1])).astype(np.float32)
+    matrix[vocabulary.pad_id] = 0.0
+    coverage = float(found[2:].mean()) if len(found) > 2 else 0.0
+    return matrix, coverage

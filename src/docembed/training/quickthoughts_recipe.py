@@ -27,7 +27,6 @@ from torch import nn
 from docembed.errors import DocembedError
 from docembed.losses.neighbour_contrastive import NeighbourContrastiveLoss
 from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder, QuickThoughtsModule
-from docembed.models.word_vectors import offline_glove, read_word_vectors, vocabulary_rows
 from docembed.runtime import log, progress_bar
 from docembed.tensors import pad_sequences
 from docembed.text import Vocabulary, split_sentences, tokenize
@@ -126,23 +125,6 @@ def run_batches(runs: np.ndarray, batch_size: int, seed: int) -> Iterator[tuple[
         if len(sentences) - start < 2:
             break
         yield sentences[start : start + batch_size], run_ids[start : start + batch_size]
-
-
-def initial_embeddings(vocabulary: Vocabulary, dim: int | None, vectors: str | None, seed: int = 0):
-    """Word-embedding matrix for `vocabulary`: rows from a word2vec/GloVe text file (`vectors`), or from
-    the offline GloVe 6B 50d package when `vectors` is None; words without a vector (UNK included) get
-    random rows with GloVe's scale, PAD gets zeros. Returns (matrix, fraction of words found)."""
-    words, table = read_word_vectors(vectors, keep=vocabulary) if vectors else offline_glove()
-    matrix, found = vocabulary_rows(words, table, vocabulary)
-    if dim is not None and matrix.shape[1] != dim:
-        raise DocembedError(f"the word vectors have {matrix.shape[1]} dimensions, not {dim}")
-    scale = float(matrix[found].std()) if found.any() else 0.1
-    rng = np.random.default_rng(seed)
-    missing = ~found
-    matrix[missing] = rng.normal(0.0, scale, size=(int(missing.sum()), matrix.shape[1])).astype(np.float32)
-    matrix[Vocabulary.pad_id] = 0.0
-    coverage = float(found[2:].mean()) if len(found) > 2 else 0.0
-    return matrix, coverage
 
 
 class QuickThoughtsObjective(nn.Module):
