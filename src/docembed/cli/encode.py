@@ -130,8 +130,6 @@ def encode(
     if ratio is not None:
         encoder.set_ratio(ratio)
     if backend or precision:
-        if not hasattr(encoder, "set_inference"):
-            raise typer.BadParameter(f"model {model!r} has one inference path", param_hint="--backend")
         encoder.set_inference(backend, precision)
     if workers is not None:
         encoder.set_workers(workers)

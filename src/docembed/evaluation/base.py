@@ -136,7 +136,7 @@ class Evaluator(ABC):
 
     def embed_for_probe(self, model, texts: Sequence[str]):
         """Features for a linear probe: sparse tf-idf rows, dense vectors, or mean-pooled multi-vectors."""
-        if hasattr(model, "encode_sparse"):
+        if model.supports("sparse"):
             return model.encode_sparse(list(texts))
         vectors = self.embed(model, texts)
         if isinstance(vectors, MultiVectors):

@@ -100,7 +100,7 @@ class ParaphraseIdentification(Evaluator):
             needed = sorted({i for s, cands, _ in shuffled for i in [s, *cands]})
             row = {doc_id: n for n, doc_id in enumerate(needed)}
             texts = [docs[i] for i in needed]
-            sparse = hasattr(model, "encode_sparse")
+            sparse = model.supports("sparse")
             vectors = model.encode_sparse(texts) if sparse else self.embed(model, texts)
             from docembed.scoring import score_one_to_many
 
@@ -213,7 +213,7 @@ class SemanticSimilarity(Evaluator):
         index = {s: i for i, s in enumerate(sentences)}
         left = [index[r["s1"]] for r in rows]
         right = [index[r["s2"]] for r in rows]
-        if hasattr(model, "encode_sparse"):
+        if model.supports("sparse"):
             vectors = model.encode_sparse(sentences)
             predicted = _sparse_rowwise_dot(vectors[left], vectors[right])
         else:
@@ -380,7 +380,7 @@ class NewsgroupsRetrieval(Evaluator):
         """Rows of the document-document similarity matrix (one at a time for multi-vector models)."""
         from docembed.scoring import cosine_matrix, maxsim_one_to_many
 
-        if hasattr(model, "encode_sparse"):
+        if model.supports("sparse"):
             vectors = model.encode_sparse(texts)
             return np.asarray((vectors @ vectors.T).todense(), dtype=np.float32)
         vectors = self.embed(model, texts)

@@ -1,31 +1,7 @@
-"""Soft CCA (Chang, Xiang & Hospedales 2018, "Scalable and Effective Deep CCA via Soft Decorrelation"):
+"""Soft CCA (Chang, Xiang & Hospedales 2018, "Scalable and Effective Deep CCA via Soft Decorrelation"),
 the breadth loss that ties the student to the Paragraph Vector teacher.
 
-Both views are projected (an MLP on the student side; identity or one linear layer on the teacher side) and
-batch-normalised without a learnable scale, so every projected feature has zero mean and unit variance in
-the batch: the projections cannot shrink to zero together (the collapse that the L2 term alone invites).
-`eps` (1e-8, added to the variance) only keeps an exactly constant feature at 0 instead of 0/0: it floors the
-standard deviation at 1e-4, far below the scale the projections work at.
-The loss is
-
-    L = mean((z_s - z_t)^2)  +  w * (D(z_s) + D(z_t))
-
-where D(z) is the mean absolute off-diagonal entry of a running covariance: per view,
-Phi_t = alpha * Phi_{t-1} + Sigma_batch and c_t = alpha * c_{t-1} + 1, normalised as Phi_t / c_t, with
-Sigma_batch = z^T z / B (z is already centred by the batch norm). Phi_{t-1} is history: detached, and
-updated only in training mode. Phi and c are buffers, so checkpoints keep them.
-
-Under DDP "the batch" is each rank's own batch: its batch norm statistics, its L2 term and its Sigma_batch
-(through which its gradient flows). The history is shared: Phi accumulates the mean of the ranks' batch
-covariances (one all_reduce per step), so it is identical on every rank and a checkpoint holds the
-covariance of everything the step saw.
-
-A batch of one has no batch statistics: the loss is then zero (still attached to the graph, so backward
-works), the running covariance is left alone, and a warning is logged once.
-
-`objective="mse"` (plain regression of the student projection onto the teacher vectors, no batch norm) and
-`objective="cca"` (per-batch CCA: minus the mean canonical correlation of the batch, with a ridge) are there
-for ablations.
+The derivation, the choices made and their reasons are in docs/soft-cca.md.
 """
 
 from __future__ import annotations

@@ -60,6 +60,7 @@ CAPABILITIES = {
     "workers": "--workers (inference processes)",
     "fit": "fitting on a task's own text",
     "sparse": "sparse features (encode_sparse)",
+    "backends": "--backend / --precision (another inference engine or int8)",
 }
 
 
@@ -132,6 +133,11 @@ class Encoder(ABC):
     def set_workers(self, workers: int) -> None:
         """Families that encode in several processes ("workers") override this."""
         self.require("workers")
+
+    def set_inference(self, backend: str | None = None, precision: str | None = None) -> Encoder:
+        """Families that run on ONNX Runtime / OpenVINO or in int8 ("backends") override this."""
+        self.require("backends")
+        return self
 
     # --- shared behaviour ---------------------------------------------------------------------------
     def config_hash(self) -> str:

@@ -1,43 +1,9 @@
 """Paragraph Vector (Le & Mikolov 2014) with gensim's Doc2Vec: PV-DM, PV-DBOW, and their concatenation.
 
-Modes: `dm` (distributed memory: the document vector and the averaged context word vectors predict the
-centre word), `dbow` (distributed bag of words: the document vector alone predicts the document's words;
-with `dbow_words=True` word vectors are trained skip-gram style alongside, which Lau & Baldwin 2016 found
-to help), and `concat` (a DM model and a DBOW model trained on the same corpus and vocabulary, their
-vectors concatenated DM first - the combination Le & Mikolov report for IMDB). DM averages its context
-(`dm_mean=True`) rather than concatenating it: gensim's `dm_concat` is very slow and rarely better.
-
-Tokenisation (`lower-words-v1`, the same at training and inference): the text is lowercased and the tokens
-are the runs of word characters (letters, digits, underscore), an apostrophe between two such runs staying
-inside the token (`don't`). Punctuation and whitespace only separate tokens.
-
-Long documents: gensim's C routines silently stop at 10,000 words per document (`MAX_DOCUMENT_LEN`), in
-training and in `infer_vector`. So a document is cut into pieces of at most `MAX_PIECE_TOKENS` tokens.
-Training: the pieces are separate TaggedDocuments that share the document's tag, so one document vector
-learns from every piece. Inference mirrors that: one document vector is inferred over all pieces together
-(each inference epoch visits every piece in order, at the epoch's learning rate), not a mean of
-independently inferred piece vectors.
-
-Determinism: `infer_vector` seeds its starting vector from Python's salted `hash()` of the text, and its
-negative sampling / subsampling / window shrinking from the model's shared RandomState, so the same text
-gets different vectors across processes and call orders. encode() instead runs the same inference steps
-(gensim's `train_document_dm`/`train_document_dbow` with frozen words and output weights) with a start
-vector and a RandomState derived from blake2b(seed, sub-model, tokens): the same text gives bit-identical
-vectors in any call order, any process, any number of encode workers. Training itself is reproducible
-only with `workers=1` (gensim's threads interleave updates).
-
-Parallel inference: encode() splits the texts over `encode_workers` processes (fork: each worker starts
-with the parent's model in shared copy-on-write memory; where fork is unavailable, each worker loads the
-saved model directory once). Short inputs stay in-process.
-
-Saved model (no pickles): `config.json` (PVConfig: every Doc2Vec hyperparameter), `model.safetensors`
-(per sub-model `<dm|dbow>.word_vectors`, `.output_weights` = syn1neg, `.doc_vectors` = the training
-documents' vectors), `vocab.json` (words and counts in index order; the sub-models share it) and
-`tags.json` (training document ids, row i of doc_vectors). load() rebuilds the Doc2Vec objects from the
-counts (same subsampling thresholds and negative-sampling table) and assigns the arrays.
-
-Vectors are returned as learned (not unit length) unless `normalize=True`; then, for concat, each half is
-normalised before the whole, so cosine weighs the DM and DBOW parts equally.
+Modes dm | dbow | concat; the lower-words-v1 tokenizer at training and inference; documents cut into
+10,000-word pieces (gensim's limit) that share one tag; encode() deterministic in any process or call order
+(seeded inference steps instead of infer_vector); saved as config.json + model.safetensors + vocab.json +
+tags.json. The reasons and details are in docs/paragraph-vector.md.
 """
 
 from __future__ import annotations

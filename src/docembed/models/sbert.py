@@ -48,6 +48,7 @@ class SBertConfig(EncoderConfig):
 class SBertEncoder(Encoder):
     family = "sbert"
     config_class = SBertConfig
+    capabilities = frozenset({"backends"})
 
     def __init__(self, config: SBertConfig, name: str | None = None, device: str = "cpu", _path=None):
         super().__init__(config, name)
