@@ -297,3 +297,38 @@ def test_cli_evaluate_end_to_end(data_root, tmp_path):
 
     bad = CliRunner().invoke(app, ["evaluate", "stsb", "--model", "bm25", "--data-root", str(data_root)])
     assert bad.exit_code != 0
+
+
+def _add_long_imdb(root, n=12):
+    """IMDB-like splits whose long reviews carry a word of their own in both halves, so the first half points
+    at its own second half; every third review is short (never selected)."""
+    for split in ("train", "test"):
+        rows = []
+        for i in range(n):
+            length = 300 if i % 3 else 20  # 600 words: over 512 tokens
+            own = f"own{split}{i}x"
+            text = " ".join([own, *([WORDS[i % 5], WORDS[5 + i % 3]] * length), own])
+            rows.append({"id": str(i), "text": text, "label": i % 2})
+        _write_jsonl_gz(root / "imdb" / f"{split}.jsonl.gz", rows)
+
+
+def test_long_document_tasks_use_only_long_documents_and_report_errors(data_root):
+    from docembed.models.baselines import TfidfConfig, TfidfEncoder
+
+    _add_long_imdb(data_root)
+    options = EvalOptions(data_root=str(data_root))
+    tfidf = TfidfEncoder(TfidfConfig(), name="tfidf")
+    result = get_evaluator("20newsgroups-long", options).run(tfidf)
+    # the fake 20NG test split has 30 posts, every third of 600 words: 10 over 512 tokens
+    assert result.metrics["documents"] == 10 and len(result.metrics["per_item"]["accuracy"]) == 10
+    assert result.metrics["accuracy"] == 100.0 and result.metrics["accuracy_se"] == 0.0
+    assert result.metrics["map@100"] > 90 and len(result.metrics["per_item"]["map@100"]) == 10
+
+    halves = get_evaluator("halves", options)
+    found = halves.run(TfidfEncoder(TfidfConfig(), name="tfidf")).metrics
+    # 8 long IMDB reviews (each finds its own second half through its own word) + 10 long 20NG posts (whose
+    # halves share nothing of their own: they tie with their label's other posts)
+    assert found["documents"] == 8 + 10 and found["per_item"]["mrr"][:8] == [1.0] * 8
+    assert found["mrr"] < 100.0 and found["mrr_se"] > 0
+    tied = halves.run(ConstantEncoder(EncoderConfig(), name="constant")).metrics
+    assert tied["mrr"] == pytest.approx(100.0 / found["documents"]) and tied["mrr_se"] == 0.0

@@ -1,8 +1,9 @@
 """Evaluation tasks behind one interface (`Evaluator`: `primary_metric`, `run(model) -> EvalResult`).
 
 Task names (`docembed evaluate --help` lists them): paraphrase-identification (-train), mr, cr, subj, mpqa,
-stsb, sick, imdb, 20newsgroups, 20newsgroups-retrieval; group names expand to several (`senteval`, `sts`,
-`all`), and a few short aliases are accepted (`pi`, `20ng`, `retrieval`).
+stsb, sick, imdb, 20newsgroups, 20newsgroups-retrieval, imdb-long, 20newsgroups-long, halves; group names
+expand to several (`senteval`, `sts`, `long`, `all`), and a few short aliases are accepted (`pi`, `20ng`,
+`retrieval`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from docembed.errors import ModelNotFoundError, UsageError
+from docembed.evaluation import long_documents as _long_documents  # noqa: F401  (registers the tasks)
 from docembed.evaluation import tasks as _tasks  # noqa: F401  (registers the tasks)
 from docembed.evaluation.base import TASKS, EvalOptions, EvalResult, Evaluator, cached_encode, mean_pool
 
@@ -20,6 +22,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "senteval": ("mr", "cr", "subj", "mpqa"),
     "sts": ("stsb", "sick"),
     "classification": ("imdb", "20newsgroups"),
+    "long": ("imdb-long", "20newsgroups-long", "halves"),
     "all": (
         "paraphrase-identification",
         "mr",

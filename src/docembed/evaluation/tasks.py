@@ -11,6 +11,7 @@ from docembed.errors import DocembedError
 from docembed.evaluation import metrics
 from docembed.evaluation.base import Evaluator, register_task
 from docembed.evaluation.probes import senteval_cv_accuracy, train_test_predictions
+from docembed.evaluation.retrieval import label_retrieval, similarity_rows
 from docembed.types import MultiVectors, Vectors
 
 LONG_DOCUMENT_TOKENS = 512
@@ -337,7 +338,6 @@ class NewsgroupsRetrieval(Evaluator):
     primary_metric = "map@100"
     description = "20 Newsgroups test: query-by-document, MAP@100 / P@10 / kNN accuracy x100"
     datasets = ("20newsgroups/test",)
-    k_map, k_precision, k_neighbours = 100, 10, 10
 
     def fit_texts(self) -> list[str]:
         from docembed import datasets
@@ -357,40 +357,5 @@ class NewsgroupsRetrieval(Evaluator):
         keep = _subset(len(rows), self.options.limit, self.rng(), labels_all)
         texts = [rows[i]["text"] for i in keep]
         labels = np.asarray([labels_all[i] for i in keep])
-        similarity_rows = self._similarities(model, texts)
-        tie_order = self.rng().permutation(len(texts))
-        aps, precisions, knn_hits = [], [], []
-        for i, sims in enumerate(similarity_rows):
-            sims = np.asarray(sims, dtype=np.float64).copy()
-            sims[i] = -np.inf  # a document does not retrieve itself
-            order = tie_order[np.argsort(-sims[tie_order], kind="stable")]
-            order = order[order != i]
-            relevant = labels[order] == labels[i]
-            aps.append(metrics.average_precision_at_k(relevant, self.k_map, int(relevant.sum())))
-            precisions.append(metrics.precision_at_k(relevant, self.k_precision))
-            knn_hits.append(_knn_vote(labels[order[: self.k_neighbours]]) == labels[i])
-        return {
-            "map@100": 100.0 * float(np.mean(aps)),
-            "p@10": 100.0 * float(np.mean(precisions)),
-            "knn_accuracy": 100.0 * float(np.mean(knn_hits)),
-            "documents": len(texts),
-        }
-
-    def _similarities(self, model, texts: list[str]):
-        """Rows of the document-document similarity matrix (one at a time for multi-vector models)."""
-        from docembed.scoring import cosine_matrix, maxsim_one_to_many
-
-        if model.supports("sparse"):
-            vectors = model.encode_sparse(texts)
-            return np.asarray((vectors @ vectors.T).todense(), dtype=np.float32)
-        vectors = self.embed(model, texts)
-        if isinstance(vectors, MultiVectors):
-            return (maxsim_one_to_many(vectors[i], vectors) for i in range(len(vectors)))
-        return cosine_matrix(vectors, vectors)
-
-
-def _knn_vote(neighbour_labels: np.ndarray):
-    """Most frequent label; among equally frequent ones, the one whose first neighbour ranks highest."""
-    values, first, counts = np.unique(neighbour_labels, return_index=True, return_counts=True)
-    best = np.flatnonzero(counts == counts.max())
-    return values[best[np.argmin(first[best])]]
+        result = label_retrieval(similarity_rows(self, model, texts), labels, self.rng())
+        return {k: result[k] for k in ("map@100", "p@10", "knn_accuracy")} | {"documents": len(texts)}
