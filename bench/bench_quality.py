@@ -7,8 +7,8 @@ Subsets (default run; `full=True` runs the full sets, SentEval with 10 outer / 1
 - STS-B and SICK-R test: all pairs (1,379 / 4,927);
 - IMDB and 20 Newsgroups: 1,000 training and 1,000 test documents each, stratified;
 - 20 Newsgroups retrieval: 1,000 test documents, stratified;
-- long documents (over 512 MiniLM tokens; evaluation/long_documents.py): imdb-long and 20newsgroups-long on 600
-  long test documents each (probe trained on 1,000 train documents of all lengths), halves on 300 + 300.
+- long documents (over 512 MiniLM tokens; evaluation/long_documents.py): imdb-long and 20newsgroups-long on
+  600 long test documents each (probe trained on 1,000 train documents of all lengths), halves on 300 + 300.
 All subsets are drawn with seed 1111. Which model runs which task is PLAN: multi-vector models (sbert-tokens,
 nugget) skip the document tasks (all-pairs MaxSim over long documents is too slow on a CPU), the student runs
 the long-document tasks it is for, and PI and STS to check it keeps short-text quality; sbert-chunks
