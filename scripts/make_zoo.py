@@ -25,7 +25,7 @@ RUNS = ROOT / "runs" / "zoo"
 DOCEMBED = str(Path(sys.executable).with_name("docembed"))
 
 # name -> (training steps, each a docembed argument list; the last one writes {out}), export options.
-# `{out}` is runs/zoo/<name>; `{runs}` is runs/zoo. None = the lead has not filled the recipe in yet.
+# `{out}` is runs/zoo/<name>; `{runs}` is runs/zoo.
 # fmt: off
 RECIPES: dict[str, dict | None] = {
     "quickthoughts": {
@@ -39,16 +39,38 @@ RECIPES: dict[str, dict | None] = {
         ],
         "drop": [],
     },
-    # TODO(lead): the NUGGET recipe of issue 14 (the NUGGET helper's final command, ~17:30), e.g.
-    #   [["--seed", "0", "train-nugget", "{runs}/pi_train_pairs.jsonl", "-o", "{out}", "--objective", ...]]
-    # with any data preparation as earlier steps. The decoder is not shipped (encoding never runs it).
-    "nugget": None,
-    # TODO(lead): the student recipe of issue 15; it must train with --freeze-embeddings so only the encoder
-    # layers ship, e.g. [["--seed", "0", "train-distill", CORPUS, "-o", "{out}", "--freeze-embeddings", ...]]
-    "student": None,
+    # NUGGET (issue 14): the similarity objective with the whole encoder frozen and no feedback, so the token
+    # states are computed once and only the scorer, W_V and the type embeddings train; the best trained
+    # variant on PI dev at r = 0.1 and 256 tokens (docs/zoo/nugget.md has the table of variants).
+    "nugget": {
+        "steps": [
+            ["python", "bench/bench_nugget.py", "--make-pairs", "{runs}/nugget_pairs.jsonl"],
+            [
+                "--seed", "0", "train-nugget", "{runs}/nugget_pairs.jsonl", "-o", "{out}",
+                "--objective", "sim", "--freeze", "encoder", "--no-feedback", "--max-length", "256",
+                "--ratio", "0.1", "--batch-size", "32", "--epochs", "3", "--lr", "1e-3",
+                "--warmup-steps", "10",
+            ],
+        ],
+        "drop": ["backbone.decoder."],
+    },
+    # The long-document student (issue 15): thesis settings (SBERT depth + PV breadth with Soft CCA), MiniLM's
+    # embeddings frozen so only the encoder layers ship, on long IMDB and 20NG *train* documents.
+    "student": {
+        "steps": [
+            ["python", "scripts/student_corpus.py", "{runs}/student-corpus.jsonl"],
+            [
+                "--seed", "0", "train-distill", "{runs}/student-corpus.jsonl", "-o", "{out}",
+                "--teacher", "sbert,pv", "--max-length", "2048", "--freeze-embeddings", "--batch-size", "8",
+                "--lr", "5e-5", "--warmup-steps", "20", "--time-budget", "2400", "--log-every", "10",
+                "--save-every", "50",
+            ],
+        ],
+        "drop": [],
+    },
 }
 # fmt: on
-DROP = {"nugget": ["backbone.decoder."]}
+DROP = {name: recipe["drop"] for name, recipe in RECIPES.items() if recipe}
 
 
 def _fmt(args: list[str], out: Path) -> list[str]:
@@ -65,9 +87,12 @@ def train(name: str, recipe: dict) -> tuple[float, str]:
     commands = []
     for step in recipe["steps"]:
         args = _fmt(step, out)
-        commands.append("docembed " + " ".join(args))
+        # a step is a docembed command, or a project script that prepares its data ("python", path, ...)
+        program = [sys.executable] if args[0] == "python" else [DOCEMBED]
+        args = args[1:] if args[0] == "python" else args
+        commands.append(("python " if program[0] == sys.executable else "docembed ") + " ".join(args))
         print(f"[zoo] {name}: {commands[-1]}", file=sys.stderr, flush=True)
-        subprocess.run([DOCEMBED, *args], check=True, env=env, cwd=ROOT)
+        subprocess.run([*program, *args], check=True, env=env, cwd=ROOT)
     return time.perf_counter() - started, " && ".join(commands)
 
 
