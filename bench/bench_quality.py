@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import subprocess
 import sys
 import time
 import traceback
@@ -142,7 +143,13 @@ def main(
     models: list[str] | None = None,
     tasks: list[str] | None = None,
     quick: bool = False,
+    jobs: int | None = None,
+    measure_throughput: bool = True,
 ) -> dict:
+    jobs = jobs or int(os.environ.get("BENCH_JOBS", min(2, os.cpu_count() or 1)))
+    names = models or list(PLAN)
+    if jobs > 1 and len(names) > 1:
+        return _in_parallel(pathlib.Path(out_dir), full, names, tasks, quick, jobs, measure_throughput)
     from docembed.errors import ModelNotFoundError
     from docembed.evaluation import TASKS, EvalOptions, load_evaluation_model, resolve_tasks
     from docembed.models.registry import models_home
@@ -163,7 +170,7 @@ def main(
         "load_before": os.getloadavg(),
         "results": {},
     }
-    for model_name in models or list(PLAN):
+    for model_name in names:
         result["results"][model_name] = {}
         loaded = None
         for task in PLAN.get(model_name, tuple(DEFAULT_LIMITS)):
@@ -195,11 +202,62 @@ def main(
             shown = outcome.get("score", outcome.get("error", outcome.get("missing")))
             log(f"bench quality: {model_name} / {task}: {shown} ({outcome['wall_seconds']}s)")
             (out_dir / "bench_quality.partial.json").write_text(json.dumps(result, indent=2) + "\n")
-    result["throughput"] = throughput(list(result["results"]), 100 if quick else 500)
+    if measure_throughput:
+        result["throughput"] = throughput(list(result["results"]), 100 if quick else 500)
     result["load_after"] = os.getloadavg()
     result["seconds"] = round(time.perf_counter() - started_run, 1)
     (out_dir / "bench_quality.json").write_text(json.dumps(result, indent=2) + "\n")
     (out_dir / "bench_quality.partial.json").unlink(missing_ok=True)  # progress file of an unfinished run
+    return result
+
+
+# Rough cost of each model's cells (the default run, one thread): the parallel run balances these.
+COST = {
+    "student": 6,
+    "sbert-chunks": 4,
+    "sbert": 4,
+    "pv": 4,
+    "quickthoughts": 2,
+    "nugget": 2,
+    "sbert-tokens": 2,
+}
+
+
+def _in_parallel(out_dir, full, names, tasks, quick, jobs, measure_throughput) -> dict:
+    """The same run split over `jobs` processes of one thread each (models balanced by COST), merged in PLAN
+    order; throughput is then measured in this process alone, so its docs/s are not slowed by the others."""
+    groups: list[list[str]] = [[] for _ in range(jobs)]
+    for name in sorted(names, key=lambda n: -COST.get(n, 1)):
+        min(groups, key=lambda g: sum(COST.get(n, 1) for n in g)).append(name)
+    started = time.perf_counter()
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", BENCH_JOBS="1")
+    processes = []
+    for index, group in enumerate(g for g in groups if g):
+        command = [
+            sys.executable,
+            __file__,
+            "--out",
+            str(out_dir / f"part-{index}"),
+            "--models",
+            ",".join(group),
+        ]
+        command += ["--no-throughput"] + (["--full"] if full else []) + (["--quick"] if quick else [])
+        command += ["--tasks", ",".join(tasks)] if tasks else []
+        processes.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL))
+    if any(p.wait() for p in processes):
+        raise RuntimeError("a bench_quality part failed: see its log lines above")
+    parts = [
+        json.loads((out_dir / f"part-{i}" / "bench_quality.json").read_text()) for i in range(len(processes))
+    ]
+    result = {k: v for k, v in parts[0].items() if k not in ("results", "seconds", "load_after")}
+    merged = {name: part["results"][name] for part in parts for name in part["results"]}
+    result["results"] = {name: merged[name] for name in names if name in merged}
+    result["parallel"] = {"jobs": len(processes), "groups": [g for g in groups if g], "threads_each": 1}
+    if measure_throughput:
+        result["throughput"] = throughput(list(result["results"]), 100 if quick else 500)
+    result["load_after"] = os.getloadavg()
+    result["seconds"] = round(time.perf_counter() - started, 1)
+    (out_dir / "bench_quality.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -213,10 +271,20 @@ if __name__ == "__main__":
     parser.add_argument("--out", default="bench/results")
     parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(PLAN))
     parser.add_argument("--tasks", help="comma-separated task names or groups")
+    parser.add_argument("--jobs", type=int, help="processes (one thread each); default $BENCH_JOBS or 2")
+    parser.add_argument("--no-throughput", action="store_true", help="skip the docs/s measurement")
     args = parser.parse_args()
     chosen = args.models.split(",") if args.models else None
     json.dump(
-        main(pathlib.Path(args.out), args.full, chosen, [args.tasks] if args.tasks else None, args.quick),
+        main(
+            pathlib.Path(args.out),
+            args.full,
+            chosen,
+            [args.tasks] if args.tasks else None,
+            args.quick,
+            args.jobs,
+            not args.no_throughput,
+        ),
         sys.stdout,
         indent=2,
     )
