@@ -50,27 +50,32 @@ def held_out_train_documents() -> set[str]:
 
 
 def write_training_pairs(path: Path) -> dict[str, int]:
-    """JSON Lines {"source", "target"} paraphrase pairs, both directions: PI train (task source -> gold
-    candidate, the held-out queries' documents excluded), and the STS-B / SICK *train* pairs scored
-    >= 4. No PI dev text."""
+    """JSON Lines {"source", "target"[, "negatives"]} paraphrase pairs, both directions: PI train (task
+    source -> gold candidate, with the task's other candidates as negatives; the held-out queries' documents
+    excluded), and the STS-B / SICK *train* pairs scored >= 4. No PI dev text."""
     from docembed import datasets
 
     docs = {d.id: d.text for d in datasets.documents("paraphrase_identification/train/docs")}
     held_out = held_out_train_documents()
-    pairs: dict[str, list[tuple[str, str]]] = {"pi_train": []}
+    pairs: dict[str, list[tuple[str, str, list[str]]]] = {"pi_train": []}
     for task in datasets.records("paraphrase_identification/train/task"):
         source, gold = task["source"], task["candidates"][task["answer"]]
         if source in held_out or gold in held_out or not docs[source].strip() or not docs[gold].strip():
             continue
-        pairs["pi_train"].append((docs[source], docs[gold]))
+        # the task's other candidates: the hard negatives PI asks a model to rank below the paraphrase
+        others = [docs[c] for c in task["candidates"] if c != gold and c not in held_out and docs[c].strip()]
+        pairs["pi_train"].append((docs[source], docs[gold], others))
     for name, minimum in STS_MIN_SCORE.items():
-        pairs[name] = [(r["s1"], r["s2"]) for r in datasets.records(name) if r["score"] >= minimum]
+        pairs[name] = [(r["s1"], r["s2"], []) for r in datasets.records(name) if r["score"] >= minimum]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
         for rows in pairs.values():
-            for a, b in rows:
+            for a, b, negatives in rows:
                 for source, target in ((a, b), (b, a)):
-                    out.write(json.dumps({"source": source, "target": target}, ensure_ascii=False) + "\n")
+                    row = {"source": source, "target": target}
+                    if negatives:
+                        row["negatives"] = negatives
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
     return {name: len(rows) for name, rows in pairs.items()}
 
 

@@ -511,13 +511,17 @@ def test_idf_selector_model_needs_a_table_and_saves_it(tokenizer, tmp_path):
 
 
 def test_idf_prior_is_added_to_the_scorer_score(tokenizer):
-    plain, prior = tiny(tokenizer), tiny(tokenizer, idf_prior=2.0)  # same seed: same scorer
+    plain, prior = tiny(tokenizer), tiny(tokenizer, idf_prior=2.0)
     prior.fit_idf(TEXTS)
     batch = batch_of(plain)
+    idf = prior.model.idf[batch["input_ids"]]
+    # untrained, the learned part is zero: the model selects exactly what the IDF rule selects
+    start = prior.model.eval()(batch["input_ids"], batch["attention_mask"])
+    assert torch.allclose(start.all_scores, 2.0 * idf, atol=1e-6)
+    prior.model.scorer.load_state_dict(plain.model.scorer.state_dict())
     a = plain.model.eval()(batch["input_ids"], batch["attention_mask"])
     b = prior.model.eval()(batch["input_ids"], batch["attention_mask"])
-    expected = a.all_scores + 2.0 * prior.model.idf[batch["input_ids"]]
-    assert torch.allclose(b.all_scores, expected, atol=1e-6)
+    assert torch.allclose(b.all_scores, a.all_scores + 2.0 * idf, atol=1e-6)
 
 
 def test_models_saved_before_the_new_options_still_load(tokenizer, tmp_path):
@@ -665,3 +669,45 @@ def test_cli_train_nugget_sim_with_frozen_encoder_and_idf_prior(tokenizer, tmp_p
     model = load_model(str(tmp_path / "model"))
     assert model.config.idf_prior == 1.0 and model.config.max_length == 24
     assert float(model.model.idf.max()) > 1.0  # the table was fitted on the training text and saved
+
+
+def test_hard_negatives_join_the_batch_and_the_loss(tokenizer):
+    from docembed.training.nugget_recipe import NuggetRecipe, tokenize_examples
+
+    encoder = tiny(tokenizer, residual="raw")
+    sources = ["the cat sat on the mat .", "a dog barked at night , loudly ."]
+    targets = ["on the mat the cat sat .", "loudly , at night a dog barked ."]
+    negatives = [
+        ["the cat ran off the mat .", "a cat is on a mat .", targets[1]],
+        ["a dog slept all night ."],
+    ]
+    examples = tokenize_examples(encoder, sources, targets, 32, negatives)
+    assert [len(e.negatives) for e in examples] == [3, 1]
+    recipe = NuggetRecipe(encoder, examples, "sim", batch_size=2, negatives_per_pair=2)
+    batch = next(iter(recipe.batches(0)))
+    pooled = {
+        tuple(int(t) for t in row[mask.bool()])
+        for row, mask in zip(batch["negative_input_ids"], batch["negative_attention_mask"], strict=True)
+    }
+    positives = {tuple(ids) for e in examples for ids in (e.source, e.target)}
+    # two drawn for the first pair (never the other pair's paraphrase, a positive here), one for the second
+    assert len(pooled) == 3 and not pooled & positives
+    encoder.model.eval()
+    with_negatives = recipe.module(batch)["loss"]
+    without = recipe.module({k: v for k, v in batch.items() if not k.startswith("negative_")})["loss"]
+    assert float(with_negatives) > float(without)  # more columns to lose probability mass to
+    none = NuggetRecipe(encoder, examples, "sim", batch_size=2, negatives_per_pair=0)
+    assert "negative_input_ids" not in next(iter(none.batches(0)))
+
+
+def test_cli_train_nugget_refuses_negatives_that_are_not_texts(tmp_path):
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"source": "a b c d", "target": "d c b a", "negatives": "x y z"}) + "\n")
+    result = CliRunner().invoke(
+        app, ["train-nugget", str(pairs), "-o", str(tmp_path / "m"), "--objective", "sim"]
+    )
+    assert result.exit_code == 1 and "'negatives' must be a list of texts" in str(result.exception)

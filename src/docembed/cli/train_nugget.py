@@ -62,6 +62,12 @@ def train_nugget(
         0.05, "--attention-temperature", min=1e-4, help="sim: temperature of the soft MaxSim."
     ),
     temperature: float = typer.Option(0.05, "--temperature", min=1e-4, help="sim: InfoNCE temperature."),
+    negatives_per_pair: int = typer.Option(
+        3,
+        "--negatives-per-pair",
+        min=0,
+        help="sim: hard negatives drawn per pair from its JSON 'negatives' list (a list of texts), if any.",
+    ),
     batch_size: int = typer.Option(16, "--batch-size", "-b", min=1),
     loop: LoopOptions = None,
 ) -> None:
@@ -83,7 +89,7 @@ def train_nugget(
         raise UsageError(f"--objective must be ae, mt or sim, got {objective!r}")
     if ratio <= 0:
         raise UsageError("--ratio must be > 0")
-    sources, targets = _read_corpus(
+    sources, targets, negatives = _read_corpus(
         corpus, objective, format, text_field, source_field, target_field, max_docs
     )
     config = NuggetConfig(
@@ -102,9 +108,13 @@ def train_nugget(
     encoder = NuggetEncoder(config, name=Path(output).name)
     if config.uses_idf:  # the IDF table ships with the model: fitted on the training text, once
         encoder.fit_idf(list(dict.fromkeys(sources + (targets or []))))
-    examples = tokenize_examples(encoder, sources, targets, max_length)
+    examples = tokenize_examples(
+        encoder, sources, targets, max_length, negatives if objective == "sim" else None
+    )
+    with_negatives = sum(bool(e.negatives) for e in examples)
     log(
         f"train-nugget: {len(examples)} examples ({objective}), {sum(len(e.source) for e in examples)} tokens"
+        + (f", {with_negatives} with hard negatives" if with_negatives else "")
     )
     recipe = NuggetRecipe(
         encoder,
@@ -116,6 +126,7 @@ def train_nugget(
         anchor_weight=anchor_weight,
         attention_temperature=attention_temperature,
         temperature=temperature,
+        negatives_per_pair=negatives_per_pair,
     )
     summary = train(
         recipe,
@@ -140,8 +151,8 @@ def _read_corpus(path, objective, format, text_field, source_field, target_field
             if max_docs and len(texts) >= max_docs:
                 break
             texts.append(doc.text)
-        return texts, None
-    sources, targets = [], []
+        return texts, None, None
+    sources, targets, negatives = [], [], []
     for number, record in iter_jsonl_lines(path):
         if max_docs and len(sources) >= max_docs:
             break
@@ -151,8 +162,12 @@ def _read_corpus(path, objective, format, text_field, source_field, target_field
         if not isinstance(source, str) or not isinstance(target, str):
             # str() would silently train on the text "5" or "None"
             raise InputFormatError(path, number, f"{source_field!r} and {target_field!r} must be strings")
+        given = record.get("negatives", [])
+        if not isinstance(given, list) or not all(isinstance(text, str) for text in given):
+            raise InputFormatError(path, number, "'negatives' must be a list of texts")
         sources.append(source)
         targets.append(target)
+        negatives.append(given)
     if not sources:
         raise DocembedError(f"{path}: no pairs")
-    return sources, targets
+    return sources, targets, negatives

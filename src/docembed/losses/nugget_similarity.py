@@ -5,7 +5,8 @@ Each nugget q of the query document attends over the other document's nuggets z_
 q.z_k / t_att + s_k, where s_k is z_k's selection score passed through the residual exactly as in the
 decoder's cross-attention (`NuggetModel.residual`); its soft max is sum_k a_k (q.z_k). The document score
 is the mean over the query's nuggets (mean-MaxSim as t_att -> 0, what encode() is scored with), and the
-loss is cross-entropy over the batch's documents at temperature t, in both directions. The top-k selection has
+loss is cross-entropy over the batch's documents (and the batch's hard negatives, when given) at
+temperature t, in both directions. The top-k selection has
 no gradient, so the residual is the scorer's only gradient; W_V (and whatever the recipe leaves
 trainable) learns through the similarities. `model` is a NuggetModel (duck-typed: losses sit below
 models). Computed in float32 (the softmaxes), per rank under DDP."""
@@ -48,6 +49,10 @@ class NuggetSimilarityLoss(nn.Module):
         a, b = self.nuggets(batch, ""), self.nuggets(batch, "other_")
         target = torch.arange(a.nuggets.shape[0], device=a.nuggets.device)
         a_to_b, b_to_a = self.soft_maxsim(a, b), self.soft_maxsim(b, a)
+        if "negative_input_ids" in batch:  # hard negatives: extra columns for both directions
+            negatives = self.nuggets(batch, "negative_")
+            a_to_b = torch.cat([a_to_b, self.soft_maxsim(a, negatives)], dim=1)
+            b_to_a = torch.cat([b_to_a, self.soft_maxsim(b, negatives)], dim=1)
         loss = (
             nn.functional.cross_entropy(a_to_b / self.temperature, target)
             + nn.functional.cross_entropy(b_to_a / self.temperature, target)

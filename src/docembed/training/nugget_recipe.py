@@ -5,7 +5,8 @@ Objectives (losses/nugget_*.py):
   random token deletion (each non-special token dropped with probability `noise`).
 - `mt`: the decoder produces the other text of a JSON Lines pair (a translation, a paraphrase).
 - `sim`: the two texts of a pair are paraphrases: a soft mean-MaxSim between their nuggets, with the
-  batch's other documents as negatives (each unordered pair counted once).
+  batch's other documents as negatives (each unordered pair counted once), plus the pair's own hard
+  negatives when the data gives them (PI train's other candidates).
 
 Both sides are cut to `max_length` tokens. Batches are shuffled with seed + epoch, so every rank sees the
 same global sequence (the loop's DDP contract); token deletion draws from a generator seeded by (seed,
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,26 +41,42 @@ OBJECTIVES = ("ae", "mt", "sim")
 class Example:
     source: list[int]  # encoder input ids (special tokens included)
     target: list[int]  # decoder target ids / the paraphrase (special tokens included)
+    negatives: list[list[int]] = field(default_factory=list)  # sim: documents that are not paraphrases
 
 
 def tokenize_examples(
-    encoder: NuggetEncoder, sources: list[str], targets: list[str] | None, max_length: int
+    encoder: NuggetEncoder,
+    sources: list[str],
+    targets: list[str] | None,
+    max_length: int,
+    negatives: list[list[str]] | None = None,
 ) -> list[Example]:
     source_ids = encoder.tokenize(sources, max_length)
     target_ids = source_ids if targets is None else encoder.tokenize(targets, max_length)
-    return [Example(s, t) for s, t in zip(source_ids, target_ids, strict=True) if len(s) > 2 and len(t) > 2]
+    negative_ids = [[] for _ in sources]
+    flat = [text for row in negatives or [] for text in row]
+    if flat:
+        tokenized = iter(encoder.tokenize(flat, max_length))
+        negative_ids = [[ids for ids in (next(tokenized) for _ in row) if len(ids) > 2] for row in negatives]
+    return [
+        Example(s, t, n)
+        for s, t, n in zip(source_ids, target_ids, negative_ids, strict=True)
+        if len(s) > 2 and len(t) > 2
+    ]
 
 
 def unordered_pairs(examples: list[Example]) -> list[Example]:
     """Each pair once: (a, b) and (b, a) are the same positive for a symmetric objective, and both in one
     batch would make each the other's false negative."""
-    seen, kept = set(), []
+    kept: dict[frozenset, Example] = {}
     for example in examples:
         key = frozenset((tuple(example.source), tuple(example.target)))
-        if key not in seen:
-            seen.add(key)
-            kept.append(example)
-    return kept
+        if key not in kept:
+            kept[key] = Example(example.source, example.target, list(example.negatives))
+        else:  # the reversed direction's negatives are negatives of the same pair
+            known = {tuple(n) for n in kept[key].negatives}
+            kept[key].negatives += [n for n in example.negatives if tuple(n) not in known]
+    return list(kept.values())
 
 
 def delete_tokens(ids: list[int], rate: float, generator: random.Random) -> list[int]:
@@ -102,6 +119,7 @@ class NuggetRecipe(Recipe):
         anchor_weight: float = 0.0,
         attention_temperature: float = 0.05,
         temperature: float = 0.05,
+        negatives_per_pair: int = 3,
     ):
         super().__init__()
         if objective not in OBJECTIVES:
@@ -124,6 +142,7 @@ class NuggetRecipe(Recipe):
         self.noise = noise if objective == "ae" else 0.0
         self.batch_size = batch_size
         self.seed = seed
+        self.negatives_per_pair = negatives_per_pair
         self.states: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def num_batches(self, epoch: int) -> int:
@@ -139,11 +158,26 @@ class NuggetRecipe(Recipe):
             chunk = [self.examples[i] for i in order[start : start + self.batch_size]]
             yield self.collate(chunk, noise)
 
+    def batch_negatives(self, chunk: list[Example], generator: random.Random) -> list[list[int]]:
+        """A seeded draw of up to `negatives_per_pair` given negatives per pair, pooled for the whole batch
+        (every query scores against all of them); documents that are a positive of the batch are left out."""
+        positives = {tuple(ids) for e in chunk for ids in (e.source, e.target)}
+        pool: dict[tuple[int, ...], None] = {}
+        for example in chunk:
+            candidates = [n for n in example.negatives if tuple(n) not in positives]
+            for ids in generator.sample(candidates, min(self.negatives_per_pair, len(candidates))):
+                pool[tuple(ids)] = None
+        return [list(ids) for ids in pool]
+
     def collate(self, chunk: list[Example], generator: random.Random) -> dict[str, torch.Tensor]:
         backbone = self.encoder.model.backbone
         if self.objective == "sim":
             batch = {}
-            for side, rows in (("", [e.source for e in chunk]), ("other_", [e.target for e in chunk])):
+            sides = [("", [e.source for e in chunk]), ("other_", [e.target for e in chunk])]
+            negatives = self.batch_negatives(chunk, generator) if self.negatives_per_pair else []
+            if negatives:
+                sides.append(("negative_", negatives))
+            for side, rows in sides:
                 batch[f"{side}input_ids"], batch[f"{side}attention_mask"] = pad_sequences(
                     rows, backbone.pad_id
                 )
@@ -175,7 +209,8 @@ class NuggetRecipe(Recipe):
         was_training = model.training
         model.eval()
         device = next(model.parameters()).device
-        docs = sorted({tuple(ids) for e in self.examples for ids in (e.source, e.target)}, key=len)
+        docs = {tuple(ids) for e in self.examples for ids in (e.source, e.target, *e.negatives)}
+        docs = sorted(docs, key=len)
         states = {}
         for start in range(0, len(docs), batch_size):
             chunk = [list(d) for d in docs[start : start + batch_size]]
