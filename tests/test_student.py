@@ -393,3 +393,23 @@ def test_train_distill_under_torchrun_two_ranks(tiny_bert_dir, tiny_sbert_dir, t
     phi = [v for k, v in state.items() if k.endswith("phi_student")]
     assert len(phi) == 1 and phi[0].abs().sum() > 0
     assert (out / "pv-teacher" / "config.json").exists() and (out / "distill.json").exists()
+
+
+def test_depth_target_chunks_gives_every_document_a_target(tiny_sbert_dir, tmp_path):
+    from docembed.cli.train_distill import _sbert_teacher
+    from docembed.encoding import EmbeddingCache
+
+    cache = EmbeddingCache(tmp_path / "cache")
+    teacher = load_model(str(tiny_sbert_dir))
+    limit = teacher.max_seq_length
+    texts = ["a short film review", " ".join(["the long film goes on"] * limit)]
+    whole_vectors, whole = _sbert_teacher(cache, str(tiny_sbert_dir), texts, 0.5, "cpu", "whole")
+    chunk_vectors, chunks = _sbert_teacher(cache, str(tiny_sbert_dir), texts, 0.5, "cpu", "chunks")
+    assert whole.tolist() == [0.5, 0.0] and chunks.tolist() == [
+        0.5,
+        0.5,
+    ]  # the thesis' lambda vs every document
+    teacher.config.output = "chunks"
+    np.testing.assert_allclose(chunk_vectors, teacher.encode(texts), atol=1e-6)
+    np.testing.assert_allclose(chunk_vectors[0], whole_vectors[0], atol=1e-5)  # one window: the same vector
+    assert not np.allclose(chunk_vectors[1], whole_vectors[1], atol=1e-3)  # the long one: all its windows

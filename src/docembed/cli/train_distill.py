@@ -45,6 +45,12 @@ def train_distill(
     depth_weight: float = typer.Option(
         1.0, "--depth-weight", min=0.0, help="lambda for documents SBERT reads whole."
     ),
+    depth_target: str = typer.Option(
+        "whole",
+        "--depth-target",
+        help="whole (the thesis: depth loss only on documents SBERT reads whole) | chunks (every document, "
+        "its target SBERT averaged over 256-token windows).",
+    ),
     breadth_loss: str = typer.Option("soft-cca", "--breadth-loss", help="soft-cca | mse | cca (ablations)."),
     pv_projection: str = typer.Option("identity", "--pv-projection", help="identity | linear."),
     cca_dim: int = typer.Option(
@@ -120,7 +126,9 @@ def train_distill(
     sbert_vectors = sbert_weights = pv_vectors = None
     with main_process_first(device):  # under torchrun, rank 0 fills the cache and the others read it
         if "sbert" in teachers:
-            sbert_vectors, sbert_weights = _sbert_teacher(cache, sbert_model, texts, depth_weight, device)
+            sbert_vectors, sbert_weights = _sbert_teacher(
+                cache, sbert_model, texts, depth_weight, device, depth_target
+            )
         if "pv" in teachers:
             pv_model, pv_vectors = _pv_teacher(
                 cache,
@@ -161,6 +169,7 @@ def train_distill(
             {
                 "teachers": sorted(teachers),
                 "sbert_model": sbert_model,
+                "depth_target": depth_target,
                 "pv_model": pv_model,
                 "documents": len(texts),
                 "corpus": corpus,
@@ -175,8 +184,12 @@ def train_distill(
     )
 
 
-def _sbert_teacher(cache, sbert_model: str, texts: list[str], depth_weight: float, device: str):
+def _sbert_teacher(
+    cache, sbert_model: str, texts: list[str], depth_weight: float, device: str, depth_target: str = "whole"
+):
     """The depth teacher's vectors of `texts` (cached) and each text's depth-loss weight lambda(x)."""
+    import numpy as np
+
     from docembed.errors import UsageError
     from docembed.models.registry import load_model
     from docembed.runtime import log
@@ -185,6 +198,16 @@ def _sbert_teacher(cache, sbert_model: str, texts: list[str], depth_weight: floa
     sbert = load_model(sbert_model, device=device)
     if not hasattr(sbert, "tokenizer") or not hasattr(sbert, "max_seq_length"):
         raise UsageError(f"--sbert-model {sbert_model!r} is not an SBERT model")
+    if depth_target not in ("whole", "chunks"):
+        raise UsageError(f"--depth-target must be whole or chunks, got {depth_target!r}")
+    if depth_target == "chunks":
+        # a target for every document: the teacher averaged over consecutive windows it reads whole
+        sbert.config.output = "chunks"
+        vectors = cache.vectors(sbert, texts, label=f"sbert-chunks teacher ({sbert.name})")
+        log(
+            f"depth loss applies to all {len(texts)} documents (targets: {sbert.name} over 256-token windows)"
+        )
+        return vectors, np.full(len(texts), depth_weight, dtype=np.float32)
     vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
     weights = depth_weights(sbert, texts, depth_weight)
     log(
