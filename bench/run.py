@@ -154,7 +154,44 @@ def _cell(outcome: dict | None, metric: str | None = None) -> str:
     if "missing" in outcome:
         return "missing"
     value = outcome["metrics"].get(metric) if metric else outcome.get("score")
-    return _fmt(value)
+    error = outcome["metrics"].get(f"{metric}_se") if metric else None
+    return _fmt(value) if error is None else f"{_fmt(value)} ± {_fmt(error, 1)}"
+
+
+LONG_TASKS = (
+    ("imdb-long", "accuracy"),
+    ("imdb-long", "map@100"),
+    ("20newsgroups-long", "accuracy"),
+    ("20newsgroups-long", "map@100"),
+    ("halves", "mrr"),
+)
+
+
+def _paired_differences(results: dict, model: str) -> list[str]:
+    """`model` minus each other model on the long-document tasks, with the standard error of the paired
+    difference (the same documents: per-item values), so "beats" means more than noise."""
+    import numpy as np
+
+    if model not in results:
+        return []
+    rows = []
+    for task, metric in LONG_TASKS:
+        mine = results[model].get(task, {}).get("metrics", {}).get("per_item", {}).get(metric)
+        if mine is None:
+            continue
+        cells = []
+        for other in results:
+            theirs = results[other].get(task, {}).get("metrics", {}).get("per_item", {}).get(metric)
+            if other == model or theirs is None or len(theirs) != len(mine):
+                cells.append("–")
+                continue
+            diff = 100.0 * (np.asarray(mine) - np.asarray(theirs))
+            cells.append(f"{diff.mean():+.2f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.2f}")
+        rows.append([f"{task} {metric} (n={len(mine)})", *cells])
+    if not rows:
+        return []
+    header = f"{model} minus each model on the long-document tasks (paired standard error):"
+    return ["", header, "", *_table(["task", *results], rows)]
 
 
 QUALITY_ROWS = [
@@ -172,6 +209,11 @@ QUALITY_ROWS = [
     ("20newsgroups-retrieval", "map@100", "20NG MAP@100"),
     ("20newsgroups-retrieval", "p@10", "20NG P@10"),
     ("20newsgroups-retrieval", "knn_accuracy", "20NG kNN acc (k=10)"),
+    ("imdb-long", "accuracy", "IMDB >512 tokens: acc ± SE"),
+    ("imdb-long", "map@100", "IMDB >512 tokens: MAP@100 ± SE"),
+    ("20newsgroups-long", "accuracy", "20NG >512 tokens: acc ± SE"),
+    ("20newsgroups-long", "map@100", "20NG >512 tokens: MAP@100 ± SE"),
+    ("halves", "mrr", "first half -> second half MRR ± SE"),
 ]
 
 
@@ -214,6 +256,7 @@ def render_quality(quality: dict) -> list[str]:
         rows.append([f"encode docs/s ({speed.get('data')}, {speed.get('threads')} thread(s))", *cells, ""])
     lines += _table(["task", *models, "published reference"], rows)
     lines += ["", *[f"- {note}" for note in REFERENCE_NOTES]]
+    lines += _paired_differences(results, "student")
     notes = sorted(
         {
             n
