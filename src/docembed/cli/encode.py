@@ -42,7 +42,7 @@ def encode(
     precision: str = typer.Option(
         None,
         "--precision",
-        help="sbert: fp32 | int8 (int8: ~2.4x docs/s with OpenVINO, STS-B within 0.1; needs the openvino "
+        help="sbert: fp32 | int8 (int8: 2.4-5x docs/s with OpenVINO, STS-B within 0.1; needs the openvino "
         "or onnx extra; converted once, cached under $DOCEMBED_HOME/inference).",
     ),
     workers: int = typer.Option(

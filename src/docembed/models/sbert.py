@@ -7,7 +7,7 @@ all-token MaxSim reference ("ColBART") that the NUGGET paper compares against.
 [SEP] included, no overlap, the last one shorter), each pooled as `mean` pools a text, averaged over the
 windows and normalised.
 `backend`/`precision` choose the engine that runs the transformer on the CPU (inference_backends.py: OpenVINO
-static int8 about 2.4x the documents per second of PyTorch fp32); pooling stays sentence-transformers' own.
+static int8 2.4-5x the documents per second of PyTorch fp32); pooling stays sentence-transformers' own.
 """
 
 from __future__ import annotations
