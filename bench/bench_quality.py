@@ -246,18 +246,30 @@ def _in_parallel(out_dir, full, names, tasks, quick, jobs, measure_throughput) -
         processes.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL))
     if any(p.wait() for p in processes):
         raise RuntimeError("a bench_quality part failed: see its log lines above")
-    parts = [
-        json.loads((out_dir / f"part-{i}" / "bench_quality.json").read_text()) for i in range(len(processes))
-    ]
+    part_dirs = [out_dir / f"part-{i}" for i in range(len(processes))]
+    return merge_parts(out_dir, part_dirs, names, measure_throughput, time.perf_counter() - started)
+
+
+def merge_parts(out_dir, part_dirs, names=None, measure_throughput=True, seconds=None) -> dict:
+    """One result from runs over disjoint model sets (the parallel run's parts, or parts started by hand
+    one after the other when a core was busy): results in PLAN order, then throughput measured here."""
+    parts = [json.loads((pathlib.Path(d) / "bench_quality.json").read_text()) for d in part_dirs]
     result = {k: v for k, v in parts[0].items() if k not in ("results", "seconds", "load_after")}
     merged = {name: part["results"][name] for part in parts for name in part["results"]}
-    result["results"] = {name: merged[name] for name in names if name in merged}
-    result["parallel"] = {"jobs": len(processes), "groups": [g for g in groups if g], "threads_each": 1}
+    wanted = list(names or PLAN)
+    order = [n for n in wanted if n in merged] + [n for n in merged if n not in wanted]
+    result["results"] = {name: merged[name] for name in order}
+    result["parallel"] = {
+        "parts": [list(part["results"]) for part in parts],
+        "part_seconds": [part.get("seconds") for part in parts],
+        "threads_each": 1,
+    }
     if measure_throughput:
-        result["throughput"] = throughput(list(result["results"]), 100 if quick else 500)
+        result["throughput"] = throughput(list(result["results"]), 100 if result.get("quick") else 500)
     result["load_after"] = os.getloadavg()
-    result["seconds"] = round(time.perf_counter() - started, 1)
-    (out_dir / "bench_quality.json").write_text(json.dumps(result, indent=2) + "\n")
+    result["seconds"] = round(seconds, 1) if seconds else max(p.get("seconds") or 0 for p in parts)
+    pathlib.Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (pathlib.Path(out_dir) / "bench_quality.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -273,7 +285,11 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", help="comma-separated task names or groups")
     parser.add_argument("--jobs", type=int, help="processes (one thread each); default $BENCH_JOBS or 2")
     parser.add_argument("--no-throughput", action="store_true", help="skip the docs/s measurement")
+    parser.add_argument("--merge", nargs="+", metavar="PART_DIR", help="merge finished parts into --out")
     args = parser.parse_args()
+    if args.merge:
+        json.dump(merge_parts(pathlib.Path(args.out), args.merge), sys.stdout, indent=2)
+        sys.exit(0)
     chosen = args.models.split(",") if args.models else None
     json.dump(
         main(
