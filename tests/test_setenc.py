@@ -279,7 +279,7 @@ def test_torchrun_two_ranks_uniformity_is_per_rank_and_resume_with_one(tmp_path)
     _corpus(corpus)
     out = tmp_path / "model"
     shape = ["--dim", "16", "--word-dim", "16", "--heads", "2", "--hidden", "16", "--buckets", "256"]
-    shape += ["--attention", "kernel"]
+    shape += ["--attention", "kernel", "--temperature", "3"]  # the recipe's t, rebuilt below
     args = ["--seed", "5", "-q", "train-setenc", str(corpus), "-o", str(out), "-b", "10", *shape]
     proc = torchrun(*args, "--epochs", "1", "--log-every", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
