@@ -457,3 +457,18 @@ def test_train_nugget_refuses_a_target_that_is_not_text(capfd, tmp_path, target)
     result = invoke(capfd, "train-nugget", pairs, "--objective", "mt", "-o", out)
     assert result.code != 0 and "must be strings" in one_line_error(result.err)
     assert not out.exists()
+
+
+def test_the_lock_appears_with_its_owner_inside_and_stale_staged_locks_are_swept(tmp_path):
+    from docembed.io.outputs import output_lock
+
+    target = tmp_path / "x.npy"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    staged_by_the_dead = tmp_path / f".x.npy.lock{dead.pid}"  # a kill between staging and linking
+    staged_by_the_dead.write_text(str(dead.pid))
+    with output_lock(target):
+        lock = tmp_path / ".x.npy.lock"
+        assert lock.read_text() == str(os.getpid())  # never empty: linked into place with the pid inside
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".x.npy.lock"]
+    assert list(tmp_path.iterdir()) == []

@@ -126,17 +126,28 @@ def output_lock(target: Path) -> Iterator[None]:
     """An exclusive lock on writing `target` (a `.NAME.lock` file holding our pid)."""
     lock = target.with_name(f".{target.name}.lock")
     sweep_stale_temporaries(target.parent, [target.name])
+    # The lock appears with our pid already in it (written to `.NAME.lockPID`, then hard-linked into place,
+    # which fails if the lock exists): a kill at any moment leaves no empty lock that no sweep could judge.
+    staged = lock.with_name(f"{lock.name}{os.getpid()}")
+    staged.write_text(str(os.getpid()))
     try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        os.link(staged, lock)
     except FileExistsError:
         try:
             owner = lock.read_text().strip()
         except OSError:
             owner = "?"
         raise DocembedError(f"{target} is being written by another process (pid {owner})") from None
-    try:
+    except OSError:  # a file system without hard links: create the lock directly
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            raise DocembedError(f"{target} is being written by another process") from None
         os.write(fd, str(os.getpid()).encode())
         os.close(fd)
+    finally:
+        staged.unlink(missing_ok=True)
+    try:
         yield
     finally:
         lock.unlink(missing_ok=True)
