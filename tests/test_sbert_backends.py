@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from docembed.models.sbert import SBertConfig, SBertEncoder
+from tiny_models import save_tiny_bert, save_tiny_sbert
 
 
 @pytest.fixture(scope="module")
@@ -59,30 +60,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def tiny_sbert_dir(tmp_path_factory):
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    from docembed.models.offline import minilm_path
-    from docembed.models.sbert import ST_SUBDIR
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    bert_dir = tmp_path_factory.mktemp("tiny_bert")
-    BertModel(config).save_pretrained(bert_dir)
-    AutoTokenizer.from_pretrained(str(minilm_path())).save_pretrained(bert_dir)
-    directory = tmp_path_factory.mktemp("tiny_sbert")
-    word = Transformer(str(bert_dir), max_seq_length=32)
-    SentenceTransformer(modules=[word, Pooling(32)]).save(str(directory / ST_SUBDIR))
-    SBertEncoder(SBertConfig(model_name_or_path=str(directory / ST_SUBDIR))).save(directory)
-    return directory
+    bert_dir = save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), max_positions=64)
+    return save_tiny_sbert(bert_dir, tmp_path_factory.mktemp("tiny_sbert"), max_seq_length=32)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 from docembed.cli import app
 from docembed.encoding import EmbeddingCache, model_identity
 from docembed.errors import UsageError
-from docembed.models.offline import minilm_path
 from docembed.models.registry import load_model
 from docembed.models.student import (
     StudentConfig,
@@ -22,30 +21,14 @@ from docembed.models.student import (
 )
 from docembed.training.distill_recipe import DistillRecipe, DistillSettings, depth_weights
 from docembed.training.loop import TrainConfig, train
+from tiny_models import save_tiny_bert, save_tiny_sbert
 
 ORIGINAL = 16  # the tiny source model's positions
 
 
 @pytest.fixture(scope="module")
 def tiny_bert_dir(tmp_path_factory):
-    from transformers import AutoTokenizer, BertConfig, BertModel
-
-    torch.manual_seed(0)
-    config = BertConfig(
-        vocab_size=30522,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=ORIGINAL,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
-    )
-    model = BertModel(config)
-    directory = tmp_path_factory.mktemp("tiny_bert")
-    model.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(str(minilm_path())).save_pretrained(directory)
-    return directory
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), max_positions=ORIGINAL)
 
 
 @pytest.fixture(scope="module")
@@ -232,16 +215,7 @@ def test_training_runs_and_checkpoints_soft_cca_state(tiny_bert_dir, tmp_path):
 @pytest.fixture(scope="module")
 def tiny_sbert_dir(tiny_bert_dir, tmp_path_factory):
     """A docembed sbert model over the tiny BERT (mean pooling, 16 tokens): a fast depth teacher."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
-
-    from docembed.models.sbert import ST_SUBDIR, SBertConfig, SBertEncoder
-
-    directory = tmp_path_factory.mktemp("tiny_sbert")
-    word = Transformer(str(tiny_bert_dir), max_seq_length=ORIGINAL)
-    SentenceTransformer(modules=[word, Pooling(32)]).save(str(directory / ST_SUBDIR))
-    SBertEncoder(SBertConfig(model_name_or_path=str(directory / ST_SUBDIR))).save(directory)
-    return directory
+    return save_tiny_sbert(tiny_bert_dir, tmp_path_factory.mktemp("tiny_sbert"), max_seq_length=ORIGINAL)
 
 
 def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_path):
