@@ -8,7 +8,10 @@ document, cut to 512 / 1,024 / 2,048 / 4,096 student tokens ([CLS] and [SEP] inc
 (`student-local`), and of `sbert-chunks` (all-MiniLM-L6-v2 over consecutive 256-token windows, one batch,
 averaged), all through docembed's `encode` (tokenization included); and the student's forward alone on the
 token ids. One warm-up, then `repeats` rounds of the three paths in turn; medians. One thread by default.
-`--profile` adds torch.profiler's top operators of one 4,096-token forward per student path.
+`--profile` adds torch.profiler's top operators of one 4,096-token forward per student path. `--memory`
+adds each path's peak memory per length: a fresh process per (path, length) loads the model, encodes a short
+text, resets the kernel's peak-RSS mark (Linux /proc/self/clear_refs), encodes the document; the figure is the
+peak resident set (VmHWM) minus the RSS before, i.e. the working memory the document itself needs.
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/bench_local_attention.py      # -> results/local_attention.json
 """
@@ -140,6 +143,65 @@ def run(lengths=LENGTHS, repeats: int = 3, threads: int = 1, profile: bool = Fal
     return out
 
 
+def _memory_kib(field: str) -> int:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _memory_probe(path: str, length: int) -> None:
+    """In this (fresh) process: print the peak-RSS growth in MiB of encoding one `length`-token document
+    (Linux: the peak is reset after loading through /proc/self/clear_refs, so loading does not count)."""
+    import gc
+
+    import torch
+
+    from docembed.models.registry import load_model
+    from docembed.models.student import convert_long
+
+    torch.set_num_threads(1)
+    student = convert_long("sbert", max_length=max(LENGTHS), attention_window=256)
+    tokenizer = student.tokenizer
+    text = tokenizer.decode(_document(tokenizer, max(LENGTHS))[: length - 2])
+    if path == "sbert-chunks":
+        model = load_model("sbert-chunks")
+        encode = lambda texts: model.encode(texts, batch_size=32)  # noqa: E731
+    else:
+        student.local_attention = path == "student-local"
+        encode = lambda texts: student.encode(texts, batch_size=1)  # noqa: E731
+    encode(["a short warm-up text of a few words"])
+    gc.collect()
+    pathlib.Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) to the current RSS
+    before = _memory_kib("VmRSS")
+    encode([text])
+    peak = _memory_kib("VmHWM")
+    print(
+        json.dumps(
+            {"peak_growth_mib": round((peak - before) / 1024, 1), "baseline_mib": round(before / 1024)}
+        )
+    )
+
+
+def memory(lengths=LENGTHS) -> dict:
+    """Peak working memory (MiB) of each path at each length, one fresh process each (see the docstring)."""
+    import subprocess
+
+    rows: dict[str, dict] = {}
+    for length in lengths:
+        for path in ("student-hf", "student-local", "sbert-chunks"):
+            probe = subprocess.run(
+                [sys.executable, __file__, "--memory-probe", path, str(length)],
+                capture_output=True,
+                text=True,
+                check=True,
+                env={**os.environ, "OMP_NUM_THREADS": "1"},
+            )
+            rows.setdefault(str(length), {})[path] = json.loads(probe.stdout.strip().splitlines()[-1])
+            print(length, path, rows[str(length)][path], file=sys.stderr)
+    return rows
+
+
 def _save(out: dict, path: pathlib.Path, note: str = "") -> None:
     out["setup"]["note"] = note
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -148,7 +210,9 @@ def _save(out: dict, path: pathlib.Path, note: str = "") -> None:
 
 def main(out_dir: pathlib.Path, full: bool, **overrides) -> dict:
     """bench/run.py's entry point: 3 repeats, one thread; writes results/local_attention.json."""
-    out = run(LENGTHS if full else (512, 1024), overrides.get("repeats") or 3, profile=full)
+    lengths = LENGTHS if full else (512, 1024)
+    out = run(lengths, overrides.get("repeats") or 3, profile=full)
+    out["peak_memory_mib"] = memory(lengths)
     _save(out, BENCH_DIR / "results" / "local_attention.json")
     return out
 
@@ -162,9 +226,16 @@ if __name__ == "__main__":
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=int(os.environ.get("OMP_NUM_THREADS", "1")))
     parser.add_argument("--profile", action="store_true", help="top operators of one 4,096-token forward")
+    parser.add_argument("--memory", action="store_true", help="peak memory per path and length")
+    parser.add_argument("--memory-probe", nargs=2, metavar=("PATH", "LENGTH"), help=argparse.SUPPRESS)
     parser.add_argument("--note", default="", help="a line saved with the results (e.g. the machine's load)")
     parser.add_argument("--out", type=pathlib.Path, default=BENCH_DIR / "results" / "local_attention.json")
     args = parser.parse_args()
+    if args.memory_probe:
+        _memory_probe(args.memory_probe[0], int(args.memory_probe[1]))
+        sys.exit(0)
     result = run(args.lengths, args.repeats, args.threads, args.profile)
+    if args.memory:
+        result["peak_memory_mib"] = memory(args.lengths)
     _save(result, args.out, args.note)
     print(json.dumps(result["lengths"], indent=2))

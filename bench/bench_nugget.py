@@ -8,7 +8,8 @@ picks (the paper's Figure 5); its encode time against the plain encoder's forwar
     python bench/bench_nugget.py --out bench/results/nugget --model runs/nugget-zoo [--variant L=DIR ...]
 
 Training data (`--make-pairs`): paraphrase pairs, both directions, from PI *train* (task source -> gold
-candidate) without the held-out queries, plus STS-B and SICK *train* pairs scored >= 4. The held-out
+candidate, the task's other candidates as hard negatives) without the held-out queries, plus STS-B and SICK
+*train* pairs scored >= 4 (not with `--pi-only`, which the shipped model's recipe uses). The held-out
 check: the last 256 PI train queries, whose source and gold documents are never trained on. PI is scored
 by the evaluation harness (shuffled candidates, pessimistic ties), all 1,024 dev queries; tfidf sees whole
 documents. The IDF selector's table is fitted on the training text, as `train-nugget` fits the shipped
@@ -49,10 +50,10 @@ def held_out_train_documents() -> set[str]:
     return {i for t in tasks[-HELD_OUT_QUERIES:] for i in (t["source"], t["candidates"][t["answer"]])}
 
 
-def write_training_pairs(path: Path) -> dict[str, int]:
+def write_training_pairs(path: Path, sts: bool = True) -> dict[str, int]:
     """JSON Lines {"source", "target"[, "negatives"]} paraphrase pairs, both directions: PI train (task
     source -> gold candidate, with the task's other candidates as negatives; the held-out queries' documents
-    excluded), and the STS-B / SICK *train* pairs scored >= 4. No PI dev text."""
+    excluded), and (`sts`) the STS-B / SICK *train* pairs scored >= 4. No PI dev text."""
     from docembed import datasets
 
     docs = {d.id: d.text for d in datasets.documents("paraphrase_identification/train/docs")}
@@ -65,7 +66,7 @@ def write_training_pairs(path: Path) -> dict[str, int]:
         # the task's other candidates: the hard negatives PI asks a model to rank below the paraphrase
         others = [docs[c] for c in task["candidates"] if c != gold and c not in held_out and docs[c].strip()]
         pairs["pi_train"].append((docs[source], docs[gold], others))
-    for name, minimum in STS_MIN_SCORE.items():
+    for name, minimum in STS_MIN_SCORE.items() if sts else ():
         pairs[name] = [(r["s1"], r["s2"], []) for r in datasets.records(name) if r["score"] >= minimum]
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
@@ -184,6 +185,7 @@ class StateNugget:
         self.model, self.shared = model, shared
         self.name, self.source, self.config = model.name, model.source, model.config
         self.set_ratio = model.set_ratio
+        self.supports = model.supports  # the harness asks the model what it can do (capabilities)
 
     def config_hash(self) -> str:
         return self.model.config_hash()
@@ -455,9 +457,11 @@ if __name__ == "__main__":
     parser.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS)
     parser.add_argument("--quick", action="store_true", help="256 dev queries instead of all 1,024.")
     parser.add_argument("--make-pairs", type=Path, help="Only write the training pairs to this file.")
+    parser.add_argument("--pi-only", action="store_true", help="--make-pairs: PI train pairs only (no STS).")
     args = parser.parse_args()
     if args.make_pairs:
-        print(f"pairs {write_training_pairs(args.make_pairs)} -> {args.make_pairs}", file=sys.stderr)
+        counts = write_training_pairs(args.make_pairs, sts=not args.pi_only)
+        print(f"pairs {counts} -> {args.make_pairs}", file=sys.stderr)
     else:
         variants = dict(v.split("=", 1) for v in args.variant)
         variants = {k: Path(v) for k, v in variants.items()}

@@ -235,6 +235,9 @@ def render_quality(quality: dict) -> list[str]:
         "(a shipped built-in whose weights are not exported yet, or an optional family).",
         "",
     ]
+    parts_note = quality.get("parallel", {}).get("note")
+    if parts_note:  # parts run by hand after the main run (a retrained model, an added row) say so
+        lines[-1:-1] = [f"Parts: {parts_note}."]
     rows = []
     for task, metric, label in QUALITY_ROWS:
         if not any(task in results[m] for m in models):

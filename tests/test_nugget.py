@@ -565,6 +565,19 @@ def test_freeze_encoder_trains_only_scorer_value_and_types(tokenizer, tmp_path):
         assert not torch.equal(before[key], after[key]), key
 
 
+def test_freeze_encoder_and_value_trains_only_the_selection(tokenizer, tmp_path):
+    encoder = tiny(tokenizer, freeze="encoder+value", feedback=False)
+    assert encoder.model.cacheable  # W_V frozen too: token states can still be computed once
+    before = {k: v.clone() for k, v in encoder.model.state_dict().items()}
+    _train_steps(encoder, tmp_path, objective="sim")
+    after = encoder.model.state_dict()
+    assert torch.equal(after["value.weight"], torch.eye(after["value.weight"].shape[0]))
+    for key in before:
+        if key.startswith("backbone.encoder.") or key == "value.weight":
+            assert torch.equal(before[key], after[key]), key
+    assert not torch.equal(before["scorer.0.weight"], after["scorer.0.weight"])
+
+
 def test_anchor_penalty_keeps_upper_layers_near_the_warm_start(tokenizer, tmp_path):
     from docembed.losses.nugget_anchor import NuggetAnchorPenalty
 

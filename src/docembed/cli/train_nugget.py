@@ -50,7 +50,10 @@ def train_nugget(
     residual: str = typer.Option("raw", "--residual", help="raw | straight-through | none."),
     selector: str = typer.Option("scorer", "--selector", help="scorer | chunk | idf (rules)."),
     freeze: str = typer.Option(
-        "bottom", "--freeze", help="bottom (layers below l) | encoder (the whole encoder)."
+        "bottom",
+        "--freeze",
+        help="bottom (layers below l) | encoder (the whole encoder) | encoder+value (and W_V at the "
+        "identity: only the selection learns).",
     ),
     anchor_weight: float = typer.Option(
         0.0, "--anchor-weight", min=0.0, help="L2 pull of the trainable encoder weights to the warm start."

@@ -45,7 +45,7 @@ from docembed.types import MultiVectors
 TOKENIZER_SUBDIR = "tokenizer"
 RESIDUALS = ("raw", "straight-through", "none")
 SELECTORS = ("scorer", "chunk", "idf")
-FREEZES = ("bottom", "encoder")
+FREEZES = ("bottom", "encoder", "encoder+value")
 KINDS = ("bert", "bart")
 
 
@@ -63,7 +63,9 @@ class NuggetConfig(EncoderConfig):
     decoder_layers: int | None = None  # BERT2BERT: how many backbone layers the decoder copies (None = all)
     encoder_config: dict[str, Any] = field(default_factory=dict)  # HF config (BART: the whole model's)
     decoder_config: dict[str, Any] = field(default_factory=dict)  # HF config of the BERT decoder
-    freeze: str = "bottom"  # "bottom" (embeddings + layers below l) | "encoder" (the whole encoder)
+    # "bottom" (embeddings + layers below l) | "encoder" (the whole encoder) | "encoder+value" (and W_V, kept
+    # at the identity: nuggets are the encoder's own token vectors and only the selection learns)
+    freeze: str = "bottom"
     idf_prior: float = 0.0  # scorer selector: add this times the token's IDF to its score
 
     def __post_init__(self):
@@ -232,6 +234,8 @@ class NuggetModel(nn.Module):
 
     # Frozen modules also stay in eval mode (no dropout noise).
     def frozen_modules(self) -> list[nn.Module]:
+        if self.config.freeze == "encoder+value":
+            return [self.backbone.encoder_stack, self.value]
         if self.config.freeze == "encoder":
             return [self.backbone.encoder_stack]
         return [self.backbone.embeddings, *self.backbone.layers[: self.config.scorer_layer]]
@@ -251,7 +255,7 @@ class NuggetModel(nn.Module):
     def cacheable(self) -> bool:
         """Whether the token states are independent of every trainable weight and of the selection (whole
         encoder frozen, no feedback), so training may compute them once per document."""
-        return self.config.freeze == "encoder" and not self.config.feedback
+        return self.config.freeze in ("encoder", "encoder+value") and not self.config.feedback
 
     def bottom_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """Layer l's states (frozen below: no graph) and the encoder's padding mask."""
