@@ -85,11 +85,11 @@ def main(out_dir: pathlib.Path, full: bool = False) -> dict:
     texts = [records[i]["text"] for i in keep]
     labels = np.array([records[i]["label"] for i in keep])
     train = list(datasets.iter_texts("20newsgroups/train"))
-    dated = pathlib.Path(out_dir)
+    out = pathlib.Path(out_dir)
     models = {
         "tfidf": "tfidf",
-        "pv": _model_dir("PV_MODEL", dated / "pv-model", ROOT / "runs" / "pv-20ng"),
-        "setenc": _model_dir("SETENC_MODEL", dated / "setenc-model", ROOT / "runs" / "setenc-20ng-final"),
+        "pv": _model_dir("PV_MODEL", out / "pv-model", ROOT / "runs" / "pv-20ng"),
+        "setenc": _model_dir("SETENC_MODEL", out / "setenc-model", ROOT / "runs" / "setenc-20ng-final"),
     }
     mates = thread_mates(texts)
     result: dict = {
@@ -121,7 +121,6 @@ def main(out_dir: pathlib.Path, full: bool = False) -> dict:
             }
             result["scores"][f"{name} / {condition}"] = row
             print(f"{name} / {condition}: {json.dumps(row)}", file=sys.stderr, flush=True)
-    out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench_neighbours.json").write_text(json.dumps(result, indent=2) + "\n")
     return result

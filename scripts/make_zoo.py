@@ -80,7 +80,9 @@ DROP = {name: recipe["drop"] for name, recipe in RECIPES.items() if recipe}
 
 
 def _fmt(args: list[str], out: Path) -> list[str]:
-    return [a.replace("{out}", str(out)).replace("{runs}", str(RUNS)) for a in args]
+    # paths relative to the project root: the steps run there, and the cards show the commands as typed
+    out, runs = out.relative_to(ROOT), RUNS.relative_to(ROOT)
+    return [a.replace("{out}", str(out)).replace("{runs}", str(runs)) for a in args]
 
 
 def train(name: str, recipe: dict) -> tuple[float, str]:
@@ -96,15 +98,14 @@ def train(name: str, recipe: dict) -> tuple[float, str]:
         # a step is a docembed command, or a project script that prepares its data ("python", path, ...)
         program = [sys.executable] if args[0] == "python" else [DOCEMBED]
         args = args[1:] if args[0] == "python" else args
-        shown = " ".join(args).replace(f"{ROOT}/", "")  # the card's command reads from the project root
-        commands.append(("python " if program[0] == sys.executable else "docembed ") + shown)
+        commands.append(("python " if program[0] == sys.executable else "docembed ") + " ".join(args))
         print(f"[zoo] {name}: {commands[-1]}", file=sys.stderr, flush=True)
         subprocess.run([*program, *args], check=True, env=env, cwd=ROOT)
     return time.perf_counter() - started, " && ".join(commands)
 
 
 def export(name: str, seconds: float | None, command: str | None) -> None:
-    run_dir = (RUNS / name).relative_to(ROOT) if (RUNS / name).is_relative_to(ROOT) else RUNS / name
+    run_dir = (RUNS / name).relative_to(ROOT)
     args = [sys.executable, str(ROOT / "scripts" / "zoo.py"), "export", str(run_dir), "--name", name]
     for prefix in DROP.get(name, []):
         args += ["--drop", prefix]
