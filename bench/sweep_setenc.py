@@ -4,11 +4,11 @@
 trained with `docembed train-setenc` on the 90 % and scored on the 10 %: every validation post queries the
 others (same newsgroup = relevant), MAP@100 and leave-one-out kNN accuracy (k = 10), x100; tfidf (fitted on
 the 90 %) and PV-DBOW (trained on the 90 %) are scored the same way as the bar. The selection rule is the
-mean of MAP@100 and kNN accuracy; the winner's flags become train-setenc's defaults (by hand, in
-cli/train_setenc.py), and bench_setenc.py measures the model trained with them on the full train split
-against the test split.
+mean of MAP@100 and kNN accuracy (averaged over training seeds with --seeds 0,1,2); the winner's flags
+become train-setenc's defaults (by hand, in cli/train_setenc.py), and bench_setenc.py measures the model
+trained with them on the full train split against the test split.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/sweep_setenc.py [--only LABEL,...] [--out bench/results/setenc]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/sweep_setenc.py [--only "LABEL;LABEL"] [--out DIR]
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -37,6 +36,34 @@ GRID: dict[str, list[str]] = {
     "t 2, softmax attention": ["--temperature", "2", "--attention", "softmax"],
     "t 2, 20 epochs": ["--temperature", "2", "--epochs", "20"],
     "t 2, dim 512": ["--temperature", "2", "--dim", "512"],
+    # session 6: capacity, after the neighbour analysis (bench_neighbours.py) pointed at it
+    "t 2, word dim 128": ["--temperature", "2", "--word-dim", "128"],
+    "t 2, word dim 256, 8 heads, dim 512": [
+        "--temperature",
+        "2",
+        "--word-dim",
+        "256",
+        "--heads",
+        "8",
+        "--dim",
+        "512",
+        "--hidden",
+        "1024",
+    ],
+    "t 2, all tokens": ["--temperature", "2", "--max-train-tokens", "8192"],
+    "t 2, batch 128": ["--temperature", "2", "--batch-size", "128"],
+    "t 2, batch 128, all tokens": ["--temperature", "2", "--batch-size", "128", "--max-train-tokens", "8192"],
+    "t 2, batch 128, all tokens, dim 512": [
+        "--temperature",
+        "2",
+        "--batch-size",
+        "128",
+        "--max-train-tokens",
+        "8192",
+        "--dim",
+        "512",
+    ],
+    "t 2, batch 64, all tokens": ["--temperature", "2", "--batch-size", "64", "--max-train-tokens", "8192"],
 }
 
 
@@ -83,10 +110,30 @@ def dense_similarities(model, texts: list[str]) -> np.ndarray:
     return cosine_matrix(vectors, vectors)
 
 
+SELECTION_RULE = (
+    "score = mean of validation MAP@100 and kNN accuracy, averaged over a row's training seeds; among the"
+    " rows trained with two or more seeds, the fastest to train whose score is within one standard error"
+    " of the best (the one-standard-error rule; SE = the seed SD pooled over those rows / sqrt(seeds))"
+)
+
+
+def choose(results: dict[str, dict]) -> tuple[str, float | None]:
+    """(chosen label, pooled seed SD) by SELECTION_RULE; the best single-seed row when no row has seeds."""
+    seeded = {k: r for k, r in results.items() if k in GRID and len(r.get("seeds", {})) > 1}
+    if not seeded:
+        return max((k for k in results if k in GRID), key=lambda k: results[k]["selection"]), None
+    pooled = float(np.sqrt(np.mean([r["selection_sd"] ** 2 for r in seeded.values()])))
+    best = max(seeded, key=lambda k: seeded[k]["selection"])
+    floor = seeded[best]["selection"] - pooled / np.sqrt(len(seeded[best]["seeds"]))
+    within = [k for k, r in seeded.items() if r["selection"] >= floor]
+    return min(within, key=lambda k: seeded[k]["train_s"]), round(pooled, 2)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", help="comma-separated labels of GRID")
+    parser.add_argument("--only", help="labels of GRID, separated by semicolons (labels hold commas)")
     parser.add_argument("--out", type=pathlib.Path, default=ROOT / "bench" / "results" / "setenc")
+    parser.add_argument("--seeds", default="0", help="training seeds per configuration, comma-separated")
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from docembed.models.baselines import TfidfConfig, TfidfEncoder
@@ -95,7 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     train_path, val_path = split_train()
     train_texts, _ = read(train_path)
     val_texts, val_labels = read(val_path)
-    results: dict[str, dict] = {}
+    # Rows of earlier runs are kept (a run with --only adds or replaces its own rows).
+    previous = args.out / "sweep.json"
+    results: dict[str, dict] = json.loads(previous.read_text())["results"] if previous.exists() else {}
 
     tfidf = TfidfEncoder(TfidfConfig(), name="tfidf").fit(train_texts)
     sparse = tfidf.encode_sparse(val_texts)
@@ -112,45 +161,75 @@ def main(argv: list[str] | None = None) -> None:
     results["pv"] = score(dense_similarities(load_model(str(pv_dir)), val_texts), val_labels)
     print(f"pv: {results['pv']}", file=sys.stderr, flush=True)
 
-    labels = args.only.split(",") if args.only else list(GRID)
+    labels = [label.strip() for label in args.only.split(";")] if args.only else list(GRID)
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     for label in labels:
-        out = WORK / label.replace(" ", "_").replace(",", "").replace("^", "")
-        started = time.perf_counter()
-        if not (out / "config.json").exists():
-            command = [
-                DOCEMBED,
-                "-q",
-                "--seed",
-                "0",
-                "train-setenc",
-                str(train_path),
-                "-o",
-                str(out),
-                *GRID[label],
-            ]
-            subprocess.run(command, check=True)
-        seconds = time.perf_counter() - started
-        row = score(dense_similarities(load_model(str(out)), val_texts), val_labels)
-        row["selection"] = round((row["map@100"] + row["knn_accuracy"]) / 2, 2)
-        row["train_s"] = round(seconds, 1)
+        runs = []
+        for seed in seeds:
+            out = WORK / (
+                label.replace(" ", "_").replace(",", "").replace("^", "") + (f"_seed{seed}" if seed else "")
+            )
+            if not (out / "config.json").exists():
+                command = [
+                    DOCEMBED,
+                    "-q",
+                    "--seed",
+                    str(seed),
+                    "train-setenc",
+                    str(train_path),
+                    "-o",
+                    str(out),
+                ]
+                subprocess.run([*command, *GRID[label]], check=True)
+            run = score(dense_similarities(load_model(str(out)), val_texts), val_labels)
+            run["train_s"] = round(json.loads((out / "train_summary.json").read_text())["seconds"], 1)
+            runs.append(run)
+        row = {k: round(float(np.mean([r[k] for r in runs])), 2) for k in ("map@100", "knn_accuracy", "p@10")}
+        selections = [(r["map@100"] + r["knn_accuracy"]) / 2 for r in runs]
+        row["selection"] = round(float(np.mean(selections)), 2)
+        if len(runs) > 1:  # the spread over seeds says how far apart two rows must be to differ
+            row["selection_sd"] = round(float(np.std(selections, ddof=1)), 2)
+            row["seeds"] = {str(seed): run for seed, run in zip(seeds, runs, strict=True)}
+        row["train_s"] = round(float(np.mean([r["train_s"] for r in runs])), 1)
         row["flags"] = " ".join(GRID[label])
         results[label] = row
         print(f"{label}: {row}", file=sys.stderr, flush=True)
 
-    chosen = max((k for k in results if k in GRID), key=lambda k: results[k]["selection"])
+    chosen, pooled_sd = choose(results)
     summary = {
         "split": f"20newsgroups/train, {1 - VALIDATION_FRACTION:.0%} train / {VALIDATION_FRACTION:.0%} "
         f"validation, stratified, seed {SPLIT_SEED}: {len(train_texts)} / {len(val_texts)} posts",
-        "rule": "mean of validation MAP@100 and kNN accuracy",
+        "rule": SELECTION_RULE,
+        "pooled_seed_sd": pooled_sd,
         "results": results,
         "chosen": chosen,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sweep.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(f"\n{'config':<26} {'MAP@100':>8} {'kNN':>6} {'P@10':>6}")
-    for label, row in results.items():
-        print(f"{label:<26} {row['map@100']:8.2f} {row['knn_accuracy']:6.2f} {row['p@10']:6.2f}")
-    print(f"chosen: {chosen}")
+    (args.out / "sweep_validation.md").write_text(markdown(summary))
+    print(markdown(summary))
+
+
+def markdown(summary: dict) -> str:
+    """The sweep as a Markdown table (bench/results/setenc/sweep_validation.md)."""
+    lines = [
+        "# Set encoder: model selection on the validation split (generated by bench/sweep_setenc.py)",
+        "",
+        f"Split: {summary['split']}. Every validation post queries the others (same newsgroup = relevant).",
+        f"Rule: {summary['rule']}. Pooled seed SD: {summary.get('pooled_seed_sd')}. "
+        f"Chosen: **{summary['chosen']}**.",
+        "",
+        "| configuration | MAP@100 | kNN acc | P@10 | score | seed SD | seeds | train s | flags |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, row in summary["results"].items():
+        seeds = ", ".join(row.get("seeds", {})) or ("0" if "selection" in row else "-")
+        lines.append(
+            f"| {label} | {row['map@100']:.2f} | {row['knn_accuracy']:.2f} | {row['p@10']:.2f} "
+            f"| {row.get('selection', '-')} | {row.get('selection_sd', '-')} | {seeds} "
+            f"| {row.get('train_s', '-')} | `{row.get('flags', '')}` |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

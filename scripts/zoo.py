@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     elif args.action == "cards":
         for card in sorted(DOCS.glob("*.md")):
             if card.stem != "README":
-                print(write_card(card.stem, args.results or latest_results()))
+                print(write_card(card.stem, args.results.resolve() if args.results else latest_results()))
     else:
         from docembed import zoo
         from docembed.zoo import export as zoo_export

@@ -363,6 +363,70 @@ def test_train_quickthoughts_under_torchrun_two_ranks(tmp_path):
     assert load_model(str(out)).encode(["a good movie. a bad plot."]).shape[0] == 1
 
 
+def test_cli_init_continues_a_model_with_its_vocabulary_and_weights(tmp_path):
+    """--init: the new corpus is read with the old vocabulary (its new words are <unk>), the architecture is
+    the old model's whatever --hidden says, and training starts from its weights (at lr 1e-12 they stay)."""
+    from safetensors.torch import load_file
+    from typer.testing import CliRunner
+
+    from docembed.cli import app
+
+    corpus, vectors = _review_corpus(tmp_path, seed=1)
+    runner = CliRunner()
+    common = ["-q", "--device", "cpu", "train-quickthoughts", "--batch-size", "16", "--min-count", "1"]
+    first = tmp_path / "first"
+    result = runner.invoke(
+        app,
+        [
+            *common,
+            str(corpus),
+            "-o",
+            str(first),
+            "--vectors",
+            str(vectors),
+            "--hidden",
+            "8",
+            "--max-steps",
+            "3",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    more = tmp_path / "more.jsonl"
+    more.write_text(
+        json.dumps({"id": "m", "text": "A zyzzyva movie. Good plot here. Bad actor there."}) + "\n"
+    )
+    second = tmp_path / "second"
+    result = runner.invoke(
+        app,
+        [
+            *common,
+            str(corpus),
+            str(more),
+            "-o",
+            str(second),
+            "--init",
+            str(first),
+            "--hidden",
+            "5",
+            "--max-steps",
+            "2",
+            "--lr",
+            "1e-12",
+            "--weight-decay",
+            "0",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert (second / "vocab.json").read_text() == (first / "vocab.json").read_text()
+    before, after = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
+    assert before.keys() == after.keys() and after["f.weight_hh_l0"].shape[1] == 8
+    assert all(torch.allclose(before[k], after[k], atol=1e-8) for k in before)
+    summary = json.loads((second / "train_summary.json").read_text())
+    assert summary["steps"] == 2 and summary["corpus"]["init"] == str(first)
+    result = runner.invoke(app, [*common, str(corpus), "-o", str(tmp_path / "x"), "--init", "tfidf"])
+    assert result.exit_code != 0 and "needs a QuickThoughts model" in str(result.exception)
+
+
 def test_word_vectors_from_a_text_file_keep_the_vocabulary_words_only(tmp_path):
     from docembed.models.word_vectors import read_word_vectors, vocabulary_rows
 
@@ -375,3 +439,60 @@ def test_word_vectors_from_a_text_file_keep_the_vocabulary_words_only(tmp_path):
     assert matrix.tolist() == [[0, 0], [0, 0], [3, 4], [1, 2], [0, 0]]
     assert found.tolist() == [False, False, True, True, False]
     assert len(read_word_vectors(path)[0]) == 4
+
+
+def test_vocabulary_expansion_maps_unknown_words_through_the_fitted_linear_map(tmp_path):
+    """A word outside the vocabulary but among the base vectors enters through the least-squares map from
+    the base vectors to the trained embeddings (Kiros et al. 2015): when the trained rows are an exact linear
+    image of the base rows, the expanded word gets exactly its image. Without the option it is <unk>; only
+    the trained table is saved."""
+    from safetensors.torch import load_file
+
+    from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder
+    from docembed.models.registry import load_model
+
+    rng = np.random.default_rng(0)
+    base_words = ["good", "movie", "film", "bad", "plot", "great"]
+    base = rng.normal(size=(len(base_words), 3))
+    vectors = tmp_path / "vectors.txt"
+    vectors.write_text(
+        "".join(f"{w} {' '.join(f'{x:.6f}' for x in row)}\n" for w, row in zip(base_words, base, strict=True))
+    )
+    base = np.asarray([[float(f"{x:.6f}") for x in row] for row in base])  # what the file holds
+    mapping = rng.normal(size=(3, 6))
+    image = dict(zip(base_words, base @ mapping, strict=True))
+
+    def build(words, expand):
+        vocabulary = Vocabulary([PAD, UNK, *words, "."])
+        config = QuickThoughtsConfig(
+            vocab_size=len(vocabulary),
+            embedding_dim=6,
+            hidden_size=4,
+            expand_vocabulary=expand,
+            vectors=str(vectors),
+        )
+        torch.manual_seed(0)
+        encoder = QuickThoughtsEncoder(config, vocabulary=vocabulary)
+        with torch.no_grad():
+            for word in words:
+                encoder.module.embedding.weight[vocabulary.id(word)] = torch.tensor(image[word])
+            encoder.module.embedding.weight[vocabulary.id(".")] = 0.5
+        return encoder
+
+    known = ["good", "movie", "film", "bad", "plot"]
+    expanded, plain = build(known, True), build(known, False)
+    reference = build([*known, "great"], False)  # "great" trained with exactly its image
+    with torch.no_grad():  # the same GRUs as the other two (the vocabulary size changed the random draws)
+        reference.module.f.load_state_dict(plain.module.f.state_dict())
+        reference.module.g.load_state_dict(plain.module.g.state_dict())
+    text = ["A great movie. Great plot."]
+    assert Vocabulary.unk_id in plain.sentence_ids("great movie.")
+    assert Vocabulary.unk_id not in expanded.sentence_ids("great movie.")
+    np.testing.assert_allclose(expanded.encode(text), reference.encode(text), rtol=1e-4, atol=1e-5)
+    assert not np.allclose(plain.encode(text), reference.encode(text), atol=1e-3)
+
+    expanded.save(tmp_path / "qt")
+    assert load_file(str(tmp_path / "qt" / "model.safetensors"))["embedding.weight"].shape == (8, 6)
+    np.testing.assert_allclose(
+        load_model(str(tmp_path / "qt")).encode(text), expanded.encode(text), rtol=1e-5
+    )

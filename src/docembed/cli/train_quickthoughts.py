@@ -31,6 +31,11 @@ def train_quickthoughts(
         help="word2vec/GloVe text file for the word embeddings (default: offline GloVe 6B 50d).",
     ),
     freeze_embeddings: bool = typer.Option(False, "--freeze-embeddings", help="Keep the word vectors fixed."),
+    expand_vocabulary: bool = typer.Option(
+        True,
+        "--expand-vocabulary/--no-expand-vocabulary",
+        help="At encode time, map words outside the vocabulary in from the base word vectors (Kiros et al.).",
+    ),
     min_count: int = typer.Option(3, "--min-count", min=1, help="Words seen fewer times become <unk>."),
     max_vocab: int = typer.Option(
         50000, "--max-vocab", min=3, help="Vocabulary size cap (with <pad>, <unk>)."
@@ -40,6 +45,12 @@ def train_quickthoughts(
     output_mode: str = typer.Option("mean", "--output-mode", help="mean (one vector per doc) | sentences."),
     batch_size: int = typer.Option(400, "--batch-size", "-b", min=2, help="Consecutive sentences per batch."),
     data_root: str = common.DATA_ROOT,
+    init: str = typer.Option(
+        None,
+        "--init",
+        help="Continue a trained QuickThoughts model (a directory or zoo name): its vocabulary, architecture"
+        " and weights are used, and the options that set them are ignored.",
+    ),
     loop: LoopOptions = None,
 ) -> None:
     """Train QuickThoughts (Logeswaran & Lee 2018) on the sentences of CORPUS, in document order.
@@ -58,29 +69,51 @@ def train_quickthoughts(
 
     limit = limit or max_docs
     texts = Corpus(corpus, text_field=text_field, limit=limit, root=data_root)
-    config = QuickThoughtsConfig(
-        hidden_size=hidden_size,
-        bidirectional=bidirectional,
-        freeze_embeddings=freeze_embeddings,
-        lowercase=not cased,
-        max_length=max_length,
-        context_size=context_size,
-        output=output_mode,
+    start = _initial_model(init) if init else None
+    if start is not None:
+        # The architecture and vocabulary are the model's; what the run changes is said here.
+        config = QuickThoughtsConfig.from_dict(start.config.to_dict())
+        config.context_size, config.max_length, config.output = context_size, max_length, output_mode
+        config.expand_vocabulary = expand_vocabulary
+        log(f"continuing {init}: {config.vocab_size} words, {config.sentence_dim}-d sentences")
+    else:
+        config = QuickThoughtsConfig(
+            hidden_size=hidden_size,
+            bidirectional=bidirectional,
+            freeze_embeddings=freeze_embeddings,
+            lowercase=not cased,
+            max_length=max_length,
+            context_size=context_size,
+            output=output_mode,
+            expand_vocabulary=expand_vocabulary,
+            vectors=str(Path(vectors).expanduser().resolve()) if vectors else None,
+        )
+    sentences = SentenceCorpus.build(
+        texts,
+        min_count,
+        max_vocab,
+        max_length,
+        lowercase=config.lowercase,
+        vocabulary=start.vocabulary if start is not None else None,
     )
-    sentences = SentenceCorpus.build(texts, min_count, max_vocab, max_length, lowercase=not cased)
     unk_rate = float((sentences.tokens == sentences.vocabulary.unk_id).mean())
     log(
         f"corpus: {sentences.num_documents} documents, {sentences.num_sentences} sentences, "
         f"{len(sentences.tokens)} tokens; vocabulary {len(sentences.vocabulary)} words ({unk_rate:.1%} <unk>)"
     )
-    matrix, coverage = initial_embeddings(sentences.vocabulary, None, vectors, seed=settings.seed)
-    log(f"word vectors: {coverage:.1%} of the vocabulary found in {vectors or 'GloVe 6B 50d (offline)'}")
+    if start is None:
+        matrix, coverage = initial_embeddings(sentences.vocabulary, None, vectors, seed=settings.seed)
+        log(f"word vectors: {coverage:.1%} of the vocabulary found in {vectors or 'GloVe 6B 50d (offline)'}")
+        config.vocab_size = len(sentences.vocabulary)
+        config.embedding_dim = int(matrix.shape[1])
+    else:
+        matrix, coverage = None, None
     seed_everything()  # the GRU initialisation, made before the loop seeds anything
-    config.vocab_size = len(sentences.vocabulary)
-    config.embedding_dim = int(matrix.shape[1])
     recipe = QuickThoughtsRecipe(
         sentences, config, batch_size=batch_size, seed=settings.seed, embeddings=matrix
     )
+    if start is not None:
+        recipe.network.load_state_dict(start.module.state_dict())
     train_config = loop.train_config(output, settings.seed, settings.device)
     summary = train(recipe, train_config)
     if not is_main_process():  # rank 0 alone writes and reports under torchrun
@@ -93,7 +126,8 @@ def train_quickthoughts(
         "tokens": int(len(sentences.tokens)),
         "vocabulary": len(sentences.vocabulary),
         "unk_rate": round(unk_rate, 4),
-        "glove_coverage": round(coverage, 4),
+        "glove_coverage": round(coverage, 4) if coverage is not None else None,
+        "init": init,
     }
     (Path(output) / "train_summary.json").write_text(json.dumps(summary, indent=2))
     last = summary.get("last", {})
@@ -103,3 +137,14 @@ def train_quickthoughts(
         f"({summary['sentences_per_s']} sentences/s), loss {loss:.4f}, neighbour acc {accuracy:.3f}"
         f" -> {output}"
     )
+
+
+def _initial_model(spec: str):
+    """The QuickThoughts model --init names, or a usage error."""
+    from docembed.errors import UsageError
+    from docembed.models.registry import load_model
+
+    model = load_model(spec)
+    if model.family != "quickthoughts":
+        raise UsageError(f"--init needs a QuickThoughts model; {spec} is a {model.family} model")
+    return model

@@ -194,9 +194,11 @@ class SemanticSimilarity(Evaluator):
     primary_metric = "spearman"
     source = ""
 
+    split = "test"  # "dev" for model selection
+
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (f"senteval/{self.source}-test",)
+        return (f"senteval/{self.source}-{self.split}",)
 
     def fit_texts(self) -> list[str]:
         from docembed import datasets
@@ -243,6 +245,20 @@ class SICKRelatedness(SemanticSimilarity):
     name = "sick"
     source = "sick"
     description = "SICK-R test: Spearman x100 of cosine/MaxSim, unsupervised"
+
+
+@register_task
+class STSBenchmarkDev(STSBenchmark):
+    name = "stsb-dev"
+    split = "dev"
+    description = "STS-B dev (1,500 pairs, for model selection): Spearman x100, unsupervised"
+
+
+@register_task
+class SICKRelatednessDev(SICKRelatedness):
+    name = "sick-dev"
+    split = "dev"
+    description = "SICK-R dev (500 pairs, for model selection): Spearman x100, unsupervised"
 
 
 # --- document classification ------------------------------------------------------------------------------

@@ -8,6 +8,12 @@ A document is split into sentences (Punkt) and embedded as the *mean of its sent
 re-normalised); an empty document is one empty sentence. With `output="sentences"` the model returns the
 sentence embeddings themselves as a multi-vector embedding (positions = sentence index).
 
+With `expand_vocabulary` (what train-quickthoughts writes), words outside the training vocabulary are not
+<unk>: as in skip-thoughts' vocabulary expansion (Kiros et al. 2015, section 2.2), a linear map from the base
+word vectors the embeddings started from (GloVe) to the trained embeddings is fitted by least squares on the
+words both know, and every other base word enters through it. The map is refitted at first use (the same
+least-squares problem, so the same map); only the trained table is saved.
+
 The saved directory holds config.json, model.safetensors (word embeddings, f, g) and vocab.json.
 """
 
@@ -24,6 +30,7 @@ from torch import nn
 from docembed.errors import CorruptModelError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
 from docembed.models.registry import register
+from docembed.runtime import log
 from docembed.tensors import pad_sequences
 from docembed.text import Vocabulary, split_sentences, tokenize
 from docembed.types import MultiVectors, Vectors
@@ -44,6 +51,10 @@ class QuickThoughtsConfig(EncoderConfig):
     max_encode_length: int = 128  # tokens per sentence at encode time (longer ones are cut)
     context_size: int = 1  # neighbours on each side that are targets in training
     output: str = "mean"  # "mean" (one vector per document) | "sentences" (multi-vector)
+    # Map words outside the vocabulary in from the base word vectors (see the module docstring). False in
+    # the dataclass because models saved before the option existed did not.
+    expand_vocabulary: bool = False
+    vectors: str | None = None  # the base word vectors' text file; None: the offline GloVe 6B 50d
 
     def __post_init__(self):
         if self.output not in OUTPUTS:
@@ -72,9 +83,12 @@ class QuickThoughtsModule(nn.Module):
         _, state = gru(packed)  # (directions, batch, hidden)
         return state.transpose(0, 1).reshape(state.shape[1], -1)
 
-    def encode_pair(self, ids: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(f(s), g(s)) for padded token ids (batch, length) with true lengths >= 1."""
-        embedded = self.embedding(ids)
+    def encode_pair(
+        self, ids: torch.Tensor, lengths: torch.Tensor, table: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(f(s), g(s)) for padded token ids (batch, length) with true lengths >= 1; `table` replaces the
+        embedding matrix (the expanded vocabulary's)."""
+        embedded = self.embedding(ids) if table is None else nn.functional.embedding(ids, table)
         packed = nn.utils.rnn.pack_padded_sequence(
             embedded, lengths.cpu(), batch_first=True, enforce_sorted=False
         )
@@ -112,6 +126,7 @@ class QuickThoughtsEncoder(Encoder):
             )
         self.module = (module or QuickThoughtsModule(config)).to(device).eval()
         self.device = device
+        self._expanded: tuple[Vocabulary, torch.Tensor | None] | None = None  # built at first use
 
     @property
     def multi_vector(self) -> bool:
@@ -130,23 +145,55 @@ class QuickThoughtsEncoder(Encoder):
     def to(self, device: str) -> QuickThoughtsEncoder:
         self.module.to(device)
         self.device = device
+        self._expanded = None
         return self
+
+    def expanded_vocabulary(self) -> tuple[Vocabulary, torch.Tensor | None]:
+        """(vocabulary, embedding table) used at encode time: the trained ones, or with `expand_vocabulary`
+        the trained ones followed by every other base word, mapped in by the least-squares linear map."""
+        if not self.config.expand_vocabulary:
+            return self.vocabulary, None
+        if self._expanded is None:
+            from docembed.models.word_vectors import base_word_vectors, vocabulary_rows
+
+            words, base = base_word_vectors(self.config.vectors)
+            trained = self.module.embedding.weight.detach().float().cpu().numpy()
+            rows, found = vocabulary_rows(words, base, self.vocabulary)
+            found[[Vocabulary.pad_id, Vocabulary.unk_id]] = False
+            if found.sum() < base.shape[1]:  # too few to fit the map: encode with the trained vocabulary
+                log(
+                    f"quickthoughts: vocabulary not expanded: {int(found.sum())} words shared with the base"
+                    f" vectors, fewer than their {base.shape[1]} dimensions"
+                )
+                self._expanded = (self.vocabulary, None)
+                return self._expanded
+            mapping = np.linalg.lstsq(rows[found], trained[found], rcond=None)[0]
+            extra, seen = [], set(self.vocabulary.index)
+            for row, word in enumerate(words):  # the first row of each word the vocabulary lacks
+                if word not in seen:
+                    seen.add(word)
+                    extra.append(row)
+            table = np.concatenate([trained, base[extra] @ mapping]).astype(np.float32)
+            vocabulary = Vocabulary(self.vocabulary.tokens + [words[row] for row in extra])
+            self._expanded = (vocabulary, torch.from_numpy(table).to(self.device))
+        return self._expanded
 
     def sentence_ids(self, sentence: str) -> list[int]:
         tokens = tokenize(sentence, lowercase=self.config.lowercase)[: self.config.max_encode_length]
-        return self.vocabulary.ids(tokens)
+        return self.expanded_vocabulary()[0].ids(tokens)
 
     @torch.inference_mode()
     def encode_sentences(self, sentences: Sequence[str], batch_size: int = 128) -> np.ndarray:
         """[f/|f| ; g/|g|] for each sentence as given (no further splitting)."""
         token_ids = [self.sentence_ids(s) for s in sentences]
+        table = self.expanded_vocabulary()[1]
         out = np.zeros((len(token_ids), self.dim), dtype=np.float32)
         # Sorting by length keeps padding (and wasted GRU steps) small; rows go back to input order.
         order = np.argsort([len(t) for t in token_ids], kind="stable")
         for start in range(0, len(order), batch_size):
             rows = order[start : start + batch_size]
             ids, lengths = pad_batch([token_ids[i] for i in rows])
-            f_vectors, g_vectors = self.module.encode_pair(ids.to(self.device), lengths)
+            f_vectors, g_vectors = self.module.encode_pair(ids.to(self.device), lengths, table)
             vectors = torch.cat(
                 [nn.functional.normalize(f_vectors, dim=1), nn.functional.normalize(g_vectors, dim=1)], dim=1
             )

@@ -61,6 +61,11 @@ def offline_glove() -> tuple[list[str], np.ndarray]:
     return _OFFLINE_GLOVE[0]
 
 
+def base_word_vectors(vectors: str | None) -> tuple[list[str], np.ndarray]:
+    """Words and vectors of a word2vec/GloVe text file (`vectors`), or the offline GloVe 6B 50d if None."""
+    return offline_glove() if vectors is None else read_word_vectors(vectors)
+
+
 def vocabulary_rows(words: Sequence[str], vectors: np.ndarray, vocabulary) -> tuple[np.ndarray, np.ndarray]:
     """Rows of `vectors` for the tokens of `vocabulary` (a text.Vocabulary): (matrix, found mask); the first
     row of a word wins, and rows of words not among `words` are zeros (the caller initialises them)."""
