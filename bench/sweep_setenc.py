@@ -28,6 +28,7 @@ DOCEMBED = str(pathlib.Path(sys.executable).with_name("docembed"))
 VALIDATION_FRACTION, SPLIT_SEED = 0.1, 0
 
 # label -> train-setenc flags (the rest are train-setenc's defaults at the time of the sweep)
+# fmt: off
 GRID: dict[str, list[str]] = {
     "defaults (t 3)": [],
     "t 2": ["--temperature", "2"],
@@ -36,35 +37,18 @@ GRID: dict[str, list[str]] = {
     "t 2, softmax attention": ["--temperature", "2", "--attention", "softmax"],
     "t 2, 20 epochs": ["--temperature", "2", "--epochs", "20"],
     "t 2, dim 512": ["--temperature", "2", "--dim", "512"],
-    # session 6: capacity, after the neighbour analysis (bench_neighbours.py) pointed at it
+    # session 6: capacity and training length, after the neighbour analysis (bench_neighbours.py)
     "t 2, word dim 128": ["--temperature", "2", "--word-dim", "128"],
     "t 2, word dim 256, 8 heads, dim 512": [
-        "--temperature",
-        "2",
-        "--word-dim",
-        "256",
-        "--heads",
-        "8",
-        "--dim",
-        "512",
-        "--hidden",
-        "1024",
-    ],
+        "--temperature", "2", "--word-dim", "256", "--heads", "8", "--dim", "512", "--hidden", "1024"],
     "t 2, all tokens": ["--temperature", "2", "--max-train-tokens", "8192"],
     "t 2, batch 128": ["--temperature", "2", "--batch-size", "128"],
     "t 2, batch 128, all tokens": ["--temperature", "2", "--batch-size", "128", "--max-train-tokens", "8192"],
     "t 2, batch 128, all tokens, dim 512": [
-        "--temperature",
-        "2",
-        "--batch-size",
-        "128",
-        "--max-train-tokens",
-        "8192",
-        "--dim",
-        "512",
-    ],
+        "--temperature", "2", "--batch-size", "128", "--max-train-tokens", "8192", "--dim", "512"],
     "t 2, batch 64, all tokens": ["--temperature", "2", "--batch-size", "64", "--max-train-tokens", "8192"],
 }
+# fmt: on
 
 
 def split_train() -> tuple[pathlib.Path, pathlib.Path]:

@@ -212,6 +212,23 @@ def test_pi_limit_is_seeded_subset(data_root):
     assert result.metrics["queries"] == 7
 
 
+def test_sts_dev_tasks_read_the_dev_split(data_root):
+    """stsb-dev scores the dev pairs (for choosing settings), stsb the test pairs: here the dev file holds
+    the test pairs with their gold scores reversed, so the two scores have opposite signs."""
+    with gzip.open(data_root / "senteval" / "stsb-test.jsonl.gz", "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    top = max(r["score"] for r in rows)
+    _write_jsonl_gz(
+        data_root / "senteval" / "stsb-dev.jsonl.gz", [{**r, "score": top - r["score"]} for r in rows]
+    )
+    options = EvalOptions(data_root=str(data_root), cache=False)
+    model = BagOfWordsMultiVector(EncoderConfig())
+    assert get_evaluator("stsb-dev", options).datasets == ("senteval/stsb-dev",)
+    assert get_evaluator("sick-dev", options).datasets == ("senteval/sick-dev",)
+    test, dev = (get_evaluator(name, options).run(model).score for name in ("stsb", "stsb-dev"))
+    assert test > 50 and dev == pytest.approx(-test)
+
+
 def test_sts_and_retrieval_with_multi_vectors(data_root):
     options = EvalOptions(data_root=str(data_root))
     model = BagOfWordsMultiVector(EncoderConfig())
