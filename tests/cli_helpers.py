@@ -52,11 +52,14 @@ def torchrun(*args, nproc: int = 2, timeout: float = 300, script=None) -> subpro
     test)."""
     import os
     import signal
+    import uuid
 
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     launcher += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     launcher += [str(script)] if script else ["-m", "docembed"]
+    marker = f"DOCEMBED_TEST_RUN={uuid.uuid4().hex}"  # finds the ranks, which run in sessions of their own
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
+    env["DOCEMBED_TEST_RUN"] = marker.split("=", 1)[1]
     cmd = [*launcher, *map(str, args)]
     with subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
@@ -65,6 +68,23 @@ def torchrun(*args, nproc: int = 2, timeout: float = 300, script=None) -> subpro
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
+            _kill_marked(marker)  # a hung rank keeps the pipes open: communicate() would wait for it
             out, err = proc.communicate()
             raise AssertionError(f"torchrun timed out after {timeout} s:\n{err[-3000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _kill_marked(marker: str) -> None:
+    """SIGKILL every process whose environment holds `marker` (Linux /proc)."""
+    import os
+    import signal
+    from pathlib import Path
+
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ProcessLookupError):
+            continue

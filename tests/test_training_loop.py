@@ -66,6 +66,30 @@ def test_ddp_two_gloo_processes(tmp_path):
     assert json.loads((out / "checkpoint" / "state.json").read_text())["step"] == 24
 
 
+def test_torchrun_helper_kills_hung_ranks_on_timeout(tmp_path):
+    """A rank that never ends (the gloo teardown hang this guards against) fails the test at the timeout
+    instead of blocking it: the ranks run in sessions of their own and keep the output pipes open."""
+    import time
+
+    from cli_helpers import torchrun
+
+    script = tmp_path / "hang.py"
+    script.write_text("import os, time\nprint(os.getpid(), flush=True)\ntime.sleep(600)\n")
+    started = time.perf_counter()
+    with pytest.raises(AssertionError, match="timed out"):
+        torchrun(script=script, timeout=20)
+    assert time.perf_counter() - started < 60
+    leftovers = [p for p in Path("/proc").iterdir() if p.name.isdigit() and str(script) in _cmdline(p)]
+    assert leftovers == []
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 def test_seed_reaches_torch_once_imported():
     from docembed.runtime import seed_everything
 

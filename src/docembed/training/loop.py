@@ -15,6 +15,7 @@ The same code runs on one device and under `torchrun --nproc_per_node N`:
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -364,6 +365,13 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
         import torch.distributed as dist
 
         dist.barrier()
+        # Tear down in this order, with gloo's worker threads idle: the last reference to the process group
+        # (the DDP reducer's, or the registry's) joins those threads while holding the GIL, and a worker
+        # still freeing a finished collective's tensors waits for the GIL: a deadlock, seen under load on
+        # the second rank. Dropping DDP first and sleeping (GIL released) lets the workers finish.
+        del model
+        gc.collect()
+        time.sleep(0.2)
         dist.destroy_process_group()
     return summary
 
