@@ -57,9 +57,8 @@ def torchrun(*args, nproc: int = 2, timeout: float = 300, script=None) -> subpro
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
     launcher += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     launcher += [str(script)] if script else ["-m", "docembed"]
-    marker = f"DOCEMBED_TEST_RUN={uuid.uuid4().hex}"  # finds the ranks, which run in sessions of their own
-    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-    env["DOCEMBED_TEST_RUN"] = marker.split("=", 1)[1]
+    run_id = uuid.uuid4().hex  # finds the ranks at a timeout: they run in sessions of their own
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", DOCEMBED_TEST_RUN=run_id)
     cmd = [*launcher, *map(str, args)]
     with subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
@@ -68,7 +67,7 @@ def torchrun(*args, nproc: int = 2, timeout: float = 300, script=None) -> subpro
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            _kill_marked(marker)  # a hung rank keeps the pipes open: communicate() would wait for it
+            _kill_marked(f"DOCEMBED_TEST_RUN={run_id}")  # a hung rank keeps the pipes open
             out, err = proc.communicate()
             raise AssertionError(f"torchrun timed out after {timeout} s:\n{err[-3000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
@@ -86,5 +85,5 @@ def _kill_marked(marker: str) -> None:
         try:
             if marker.encode() in (entry / "environ").read_bytes().split(b"\0"):
                 os.kill(int(entry.name), signal.SIGKILL)
-        except (OSError, ProcessLookupError):
+        except OSError:  # gone, or not ours to read
             continue
