@@ -349,3 +349,23 @@ def test_long_document_tasks_use_only_long_documents_and_report_errors(data_root
     assert found["mrr"] < 100.0 and found["mrr_se"] > 0
     tied = halves.run(ConstantEncoder(EncoderConfig(), name="constant")).metrics
     assert tied["mrr"] == pytest.approx(100.0 / found["documents"]) and tied["mrr_se"] == 0.0
+
+
+def test_validation_long_tasks_read_train_documents_and_probe_on_the_others(data_root):
+    from docembed.models.baselines import TfidfConfig, TfidfEncoder
+
+    _add_long_imdb(data_root)
+    options = EvalOptions(data_root=str(data_root))
+    validation = get_evaluator("imdb-long-val", options)
+    assert validation.datasets == ("imdb/train",)
+    evaluated = {r["text"] for r in validation._evaluated()}
+    # the 8 long reviews of the *train* split (own word "owntrain...")
+    assert len(evaluated) == 8 and all(t.startswith("owntrain") for t in evaluated)
+    probe_texts = set(validation.fit_texts())
+    assert probe_texts and not probe_texts & evaluated  # the probe never trains on what it is scored on
+    assert set(get_evaluator("imdb-long", options).fit_texts()) & evaluated  # the test task's probe may
+    result = validation.run(TfidfEncoder(TfidfConfig(), name="tfidf")).metrics
+    assert result["documents"] == 8 and len(result["per_item"]["map@100"]) == 8
+
+    halves = get_evaluator("halves-val", options).run(TfidfEncoder(TfidfConfig(), name="tfidf")).metrics
+    assert halves["documents"] == 8 + 10 and halves["per_item"]["mrr"][:8] == [1.0] * 8

@@ -1,8 +1,9 @@
 """Evaluation tasks behind one interface (`Evaluator`: `primary_metric`, `run(model) -> EvalResult`).
 
 Task names (`docembed evaluate --help` lists them): paraphrase-identification (-train), mr, cr, subj, mpqa,
-stsb, sick, imdb, 20newsgroups, 20newsgroups-retrieval, imdb-long, 20newsgroups-long, halves; group names
-expand to several (`senteval`, `sts`, `long`, `all`), and a few short aliases are accepted (`pi`, `20ng`,
+stsb, sick, imdb, 20newsgroups, 20newsgroups-retrieval, imdb-long, 20newsgroups-long, halves, and the
+selection splits stsb-dev, sick-dev, imdb-long-val, 20newsgroups-long-val, halves-val; group names expand to
+several (`senteval`, `sts`, `long`, `long-val`, `all`), and a few short aliases are accepted (`pi`, `20ng`,
 `retrieval`).
 """
 
@@ -23,6 +24,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "sts": ("stsb", "sick"),
     "classification": ("imdb", "20newsgroups"),
     "long": ("imdb-long", "20newsgroups-long", "halves"),
+    "long-val": ("imdb-long-val", "20newsgroups-long-val", "halves-val"),
     "all": (
         "paraphrase-identification",
         "mr",

@@ -7,6 +7,9 @@ models apart. A document is long when the all-MiniLM-L6-v2 WordPiece tokenizer g
   test documents (relevant = same label): MAP@100, P@10, kNN accuracy.
 - `halves`: each long test document of IMDB and 20 Newsgroups is cut in two at its middle word; its first
   half queries the second halves of all of them; MRR x100 (pessimistic ties).
+- `imdb-long-val`, `20newsgroups-long-val`, `halves-val`: the same tasks on long documents of the *train*
+  splits, for choosing settings without looking at the test documents; the probe of a `-val` task trains on
+  train documents outside its validation sample.
 
 Each task keeps at most `LONG_LIMIT` long documents (a seeded sample), reports n and the standard error of
 its primary metric, and keeps the per-document values (`per_item`) so a bench can compute the standard
@@ -46,7 +49,8 @@ def minilm_lengths(texts: list[str]) -> np.ndarray:
 
 
 def long_rows(name: str, data_root: str | None, rng: np.random.Generator, limit: int) -> list[dict]:
-    """Records of data set `name` over LONG_TOKENS tokens: a seeded sample of at most `limit`, in order."""
+    """Records of data set `name` over LONG_TOKENS tokens: a seeded sample of at most `limit`, in order;
+    each keeps its position in the data set as `index`."""
     from docembed import datasets
 
     rows = list(datasets.records(name, data_root))
@@ -54,7 +58,7 @@ def long_rows(name: str, data_root: str | None, rng: np.random.Generator, limit:
     long = np.flatnonzero(lengths > LONG_TOKENS)
     if len(long) > limit:
         long = np.sort(rng.choice(long, size=limit, replace=False))
-    return [{**rows[i], "tokens": int(lengths[i])} for i in long]
+    return [{**rows[i], "tokens": int(lengths[i]), "index": int(i)} for i in long]
 
 
 def standard_error(values: np.ndarray) -> float:
@@ -64,29 +68,37 @@ def standard_error(values: np.ndarray) -> float:
 class LongDocumentClassification(Evaluator):
     primary_metric = "accuracy"
     source = ""
+    split = "test"  # "train" for the -val tasks: evaluated on long train documents
 
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
-        return (f"{self.source}/train", f"{self.source}/test")
+        return tuple(dict.fromkeys((f"{self.source}/train", f"{self.source}/{self.split}")))
 
     def fit_texts(self) -> list[str]:
         return self._train()[0]
 
     def fit_description(self) -> str:
-        return f"the {self.source} train split (a stratified sample, all lengths)"
+        held_out = ", outside the validation sample" if self.split == "train" else ""
+        return f"the {self.source} train split (a stratified sample, all lengths{held_out})"
+
+    def _evaluated(self) -> list[dict]:
+        return long_rows(f"{self.source}/{self.split}", self.options.data_root, self.rng(), LONG_LIMIT)
 
     def _train(self) -> tuple[list[str], list]:
         from docembed import datasets
         from docembed.evaluation.tasks import _subset
 
         rows = list(datasets.records(f"{self.source}/train", self.options.data_root))
+        if self.split == "train":  # the probe never sees the validation documents
+            evaluated = {r["index"] for r in self._evaluated()}
+            rows = [r for i, r in enumerate(rows) if i not in evaluated]
         labels = [r["label"] for r in rows]
         keep = _subset(len(rows), self.options.limit or TRAIN_LIMIT, self.rng(), labels)
         return [rows[i]["text"] for i in keep], [labels[i] for i in keep]
 
     def compute(self, model) -> dict[str, Any]:
         train_texts, train_labels = self._train()
-        test = long_rows(f"{self.source}/test", self.options.data_root, self.rng(), LONG_LIMIT)
+        test = self._evaluated()
         texts = [r["text"] for r in test]
         gold = np.asarray([r["label"] for r in test])
         predicted, c = train_test_predictions(
@@ -98,7 +110,7 @@ class LongDocumentClassification(Evaluator):
         correct = (predicted == gold).astype(np.float64)
         retrieval = label_retrieval(similarity_rows(self, model, texts), gold, self.rng())
         self.notes.append(
-            f"{len(test)} {self.source} test documents over {LONG_TOKENS} MiniLM tokens "
+            f"{len(test)} {self.source} {self.split} documents over {LONG_TOKENS} MiniLM tokens "
             f"(median {int(np.median([r['tokens'] for r in test]))}); probe trained on {len(train_texts)}"
         )
         return {
@@ -127,6 +139,20 @@ class NewsgroupsLong(LongDocumentClassification):
     name = "20newsgroups-long"
     source = "20newsgroups"
     description = "20 Newsgroups posts over 512 tokens: probe accuracy and same-group retrieval MAP@100 x100"
+
+
+@register_task
+class IMDBLongValidation(IMDBLong):
+    name = "imdb-long-val"
+    split = "train"
+    description = "IMDB *train* reviews over 512 tokens (for model selection): probe accuracy, MAP@100 x100"
+
+
+@register_task
+class NewsgroupsLongValidation(NewsgroupsLong):
+    name = "20newsgroups-long-val"
+    split = "train"
+    description = "20 Newsgroups *train* posts over 512 tokens (for model selection): probe accuracy, MAP@100"
 
 
 @register_task
@@ -163,7 +189,8 @@ class Halves(Evaluator):
             seconds.append(" ".join(words[middle:]))
         reciprocal = _pair_reciprocal_ranks(self, model, firsts, seconds)
         self.notes.append(
-            f"{len(rows)} test documents over {LONG_TOKENS} MiniLM tokens, cut at the middle word"
+            f"{len(rows)} {self.datasets[0].split('/')[1]} documents over {LONG_TOKENS} MiniLM tokens, "
+            "cut at the middle word"
         )
         return {
             "mrr": 100.0 * float(reciprocal.mean()),
@@ -172,6 +199,14 @@ class Halves(Evaluator):
             "documents": len(rows),
             "per_item": {"mrr": reciprocal.tolist()},
         }
+
+
+@register_task
+class HalvesValidation(Halves):
+    name = "halves-val"
+    description = "first half -> second half of long IMDB and 20NG *train* documents (model selection): MRR"
+    # Corpus-fitted models fit on samples of these splits, so some halves may be in their fit: in-sample.
+    datasets = ("imdb/train", "20newsgroups/train")
 
 
 def _pair_reciprocal_ranks(task: Evaluator, model, queries: list[str], candidates: list[str]) -> np.ndarray:
