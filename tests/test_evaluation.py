@@ -369,3 +369,13 @@ def test_validation_long_tasks_read_train_documents_and_probe_on_the_others(data
 
     halves = get_evaluator("halves-val", options).run(TfidfEncoder(TfidfConfig(), name="tfidf")).metrics
     assert halves["documents"] == 8 + 10 and halves["per_item"]["mrr"][:8] == [1.0] * 8
+
+
+def test_evaluate_help_names_every_task_and_group():
+    import re
+
+    from docembed.cli.evaluate import TASK_HELP
+    from docembed.evaluation import GROUPS, TASKS
+
+    named = set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", TASK_HELP))
+    assert set(TASKS) <= named and set(GROUPS) <= named

@@ -9,7 +9,9 @@ from docembed.cli import common
 TASK_HELP = (
     "Task names (several allowed, or comma-separated): paraphrase-identification (alias pi), "
     "paraphrase-identification-train, mr, cr, subj, mpqa (group senteval), stsb, sick (group sts), imdb, "
-    "20newsgroups (20ng), 20newsgroups-retrieval (retrieval); `all` runs every task."
+    "20newsgroups (20ng; the two: group classification), 20newsgroups-retrieval (retrieval); `all` runs "
+    "those but -train. Long documents: imdb-long, 20newsgroups-long, halves (group long). For choosing "
+    "settings: stsb-dev, sick-dev, imdb-long-val, 20newsgroups-long-val, halves-val (group long-val)."
 )
 
 
