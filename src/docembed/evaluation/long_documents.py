@@ -82,7 +82,12 @@ class LongDocumentClassification(Evaluator):
         return f"the {self.source} train split (a stratified sample, all lengths{held_out})"
 
     def _evaluated(self) -> list[dict]:
-        return long_rows(f"{self.source}/{self.split}", self.options.data_root, self.rng(), LONG_LIMIT)
+        # Kept: the probe's split (for -val tasks) and compute() both need it, and it tokenizes a whole split.
+        if getattr(self, "_evaluated_rows", None) is None:
+            self._evaluated_rows = long_rows(
+                f"{self.source}/{self.split}", self.options.data_root, self.rng(), LONG_LIMIT
+            )
+        return self._evaluated_rows
 
     def _train(self) -> tuple[list[str], list]:
         from docembed import datasets
