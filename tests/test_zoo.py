@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from docembed import zoo
 from docembed.cli import app
 from docembed.errors import CorruptModelError, ModelNotFoundError, UsageError
+from docembed.models import registry
 from docembed.models.registry import BUILTIN, FIT_COMMANDS, load_model
 from docembed.zoo import export as zoo_export
 
@@ -203,6 +204,19 @@ def test_an_unfitted_family_name_says_the_command():
         load_model("pv")
     result = CliRunner().invoke(app, ["models", "--card", "sbert"])
     assert isinstance(result.exception, UsageError)
+
+
+def test_the_set_encoder_card_says_it_is_corpus_fitted_and_how_to_fit_it(tmp_path, monkeypatch):
+    result = CliRunner().invoke(app, ["models", "--card", "setenc"])
+    assert result.exit_code == 0, result.output
+    assert "Corpus-fitted" in result.stdout and "per 10,000 documents" in result.stdout
+    assert FIT_COMMANDS["setenc"].split(" CORPUS")[0] in result.stdout
+    listed = [json.loads(line) for line in CliRunner().invoke(app, ["models", "--json"]).stdout.splitlines()]
+    assert "--card setenc" in {r["name"]: r for r in listed}["setenc"]["description"]
+    # a corpus-fitted family without a card is refused like any other name, listing the cards there are
+    monkeypatch.setattr(registry, "FIT_CARDS_DIR", tmp_path)
+    refused = CliRunner().invoke(app, ["models", "--card", "setenc"])
+    assert isinstance(refused.exception, UsageError) and "nugget" in str(refused.exception)
 
 
 def test_a_builtin_without_weights_says_so(tmp_path, monkeypatch):

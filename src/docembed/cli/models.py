@@ -12,7 +12,12 @@ def register(app: typer.Typer) -> None:
 
 def models(
     as_json: bool = typer.Option(False, "--json", help="JSON Lines on stdout instead of a table."),
-    card: str = typer.Option(None, "--card", help="Print the model card of a shipped built-in (markdown)."),
+    card: str = typer.Option(
+        None,
+        "--card",
+        help="Print the model card (markdown) of a shipped built-in or of a corpus-fitted family with one "
+        "(setenc).",
+    ),
 ) -> None:
     """List every built-in model and corpus-fitted family with how to get it, and the models saved under
     $DOCEMBED_HOME.
@@ -25,15 +30,18 @@ def models(
 
     if card:
         from docembed import zoo
-        from docembed.models.registry import BUILTIN
+        from docembed.models.registry import BUILTIN, FIT_COMMANDS, fit_card
 
-        if card not in BUILTIN or not BUILTIN[card].shipped:
-            from docembed.errors import UsageError
+        if card in BUILTIN and BUILTIN[card].shipped:
+            typer.echo(zoo.card(card), nl=False)
+            return
+        if fit_card(card) is not None:
+            typer.echo(fit_card(card), nl=False)
+            return
+        from docembed.errors import UsageError
 
-            shipped = ", ".join(n for n, e in BUILTIN.items() if e.shipped)
-            raise UsageError(f"model cards exist for the shipped built-ins ({shipped}), not {card!r}")
-        typer.echo(zoo.card(card), nl=False)
-        return
+        with_cards = [n for n, e in BUILTIN.items() if e.shipped] + [n for n in FIT_COMMANDS if fit_card(n)]
+        raise UsageError(f"model cards exist for {', '.join(with_cards)}, not {card!r}")
     rows = available_models()
     if as_json:
         for row in rows:
