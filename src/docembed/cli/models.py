@@ -35,8 +35,9 @@ def models(
         if card in BUILTIN and BUILTIN[card].shipped:
             typer.echo(zoo.card(card), nl=False)
             return
-        if fit_card(card) is not None:
-            typer.echo(fit_card(card), nl=False)
+        fitted_card = fit_card(card)
+        if fitted_card is not None:
+            typer.echo(fitted_card, nl=False)
             return
         from docembed.errors import UsageError
 
