@@ -202,3 +202,37 @@ def test_resuming_into_another_model_is_refused(tmp_path):
     Checkpoint(tmp_path).save(small, torch.optim.AdamW(small.parameters()), {"step": 1})
     with pytest.raises(CorruptModelError, match="does not match"):
         Checkpoint(tmp_path).load(other, torch.optim.AdamW(other.parameters()), "cpu")
+
+
+def test_decay_steps_cool_down_to_zero_and_can_start_from_a_constant_run(tmp_path):
+    from docembed.errors import UsageError
+    from docembed.training.loop import _lr_at
+
+    config = TrainConfig(output_dir=str(tmp_path), lr=1.0, warmup_steps=2, max_steps=10, decay_steps=4)
+    rates = [_lr_at(step, config) for step in range(10)]
+    assert rates == [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.75, 0.5, 0.25]
+    # Warmup-stable-decay: stopping a constant run and resuming it with --decay-steps is the same run as
+    # one trained with that schedule from the start (the schedule depends on the step alone).
+    straight = tmp_path / "straight"
+    train(ToyRecipe(), TrainConfig(output_dir=str(straight), epochs=2, lr=0.05, max_steps=20, decay_steps=6))
+    resumed = tmp_path / "resumed"
+    train(ToyRecipe(), TrainConfig(output_dir=str(resumed), epochs=2, lr=0.05, max_steps=14))
+    train(
+        ToyRecipe(),
+        TrainConfig(output_dir=str(resumed), epochs=2, lr=0.05, max_steps=20, decay_steps=6, resume=True),
+    )
+    constant = tmp_path / "constant"
+    train(ToyRecipe(), TrainConfig(output_dir=str(constant), epochs=2, lr=0.05, max_steps=20))
+    for key, value in weights(straight).items():
+        assert torch.allclose(torch.tensor(value), torch.tensor(weights(resumed)[key]), atol=1e-6)
+    assert any(
+        not torch.allclose(torch.tensor(value), torch.tensor(weights(constant)[key]))
+        for key, value in weights(straight).items()
+    )
+    log = [json.loads(line) for line in (straight / "train_log.jsonl").read_text().splitlines()]
+    logged = [entry["lr"] for entry in log if entry["step"] in (10, 20)]
+    assert logged == [0.05, pytest.approx(0.05 / 6, rel=1e-3)]
+    with pytest.raises(UsageError, match="--max-steps"):
+        TrainConfig(output_dir=str(tmp_path), decay_steps=4)
+    with pytest.raises(UsageError, match="at most --max-steps"):
+        TrainConfig(output_dir=str(tmp_path), max_steps=3, decay_steps=4)

@@ -21,6 +21,7 @@ class LoopOptions:
     time_budget_s: float | None = None
     lr: float = 5e-5
     warmup_steps: int = 0
+    decay_steps: int = 0
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     weight_decay: float = 0.01
@@ -44,6 +45,11 @@ _OPTIONS = {
     "time_budget_s": (float, ("--time-budget",), {"help": "Stop (and save) after this many seconds."}),
     "lr": (float, ("--lr",), {"help": "Peak learning rate (AdamW)."}),
     "warmup_steps": (int, ("--warmup-steps",), {"min": 0, "help": "Linear warm-up steps."}),
+    "decay_steps": (
+        int,
+        ("--decay-steps",),
+        {"min": 0, "help": "Decay the LR linearly to 0 over the last N steps before --max-steps."},
+    ),
     "grad_accum": (int, ("--grad-accum",), {"min": 1, "help": "Micro-batches per optimizer step."}),
     "max_grad_norm": (float, ("--max-grad-norm",), {"help": "Clip gradients to this norm (0: no clipping)."}),
     "weight_decay": (float, ("--weight-decay",), {"min": 0.0, "help": "AdamW's decoupled weight decay."}),

@@ -42,6 +42,7 @@ class TrainConfig:
     lr: float = 5e-5
     weight_decay: float = 0.01
     warmup_steps: int = 0
+    decay_steps: int = 0  # linear decay to 0 over the last decay_steps before max_steps (needs max_steps)
     grad_accum: int = 1
     max_grad_norm: float | None = 1.0
     amp: str = "auto"  # auto (bf16/fp16 on CUDA, off on CPU) | off | bf16 | fp16
@@ -80,11 +81,16 @@ class TrainConfig:
             ("--log-every", self.log_every, 1),
             ("--save-every", self.save_every, 1),
             ("--warmup-steps", self.warmup_steps, 0),
+            ("--decay-steps", self.decay_steps, 0),
         ):
             if value < least:
                 raise bad(flag, value, f"give an integer of {least} or more")
         if self.max_steps is not None and self.max_steps < 1:
             raise bad("--max-steps", self.max_steps, "give an integer of 1 or more")
+        if self.decay_steps and self.max_steps is None:
+            raise bad("--decay-steps", self.decay_steps, "it counts back from --max-steps: give that too")
+        if self.decay_steps and self.decay_steps > self.max_steps:
+            raise bad("--decay-steps", self.decay_steps, f"give at most --max-steps ({self.max_steps})")
 
 
 class Recipe(ABC):
@@ -189,9 +195,17 @@ def _autocast(device: str, amp: str):
 
 
 def _lr_at(step: int, config: TrainConfig) -> float:
+    """Warm-up, constant, then (with decay_steps) a linear decay whose last step trains at lr / decay_steps.
+
+    The schedule is a function of the step alone, so a constant-LR run resumed with a larger --max-steps
+    and --decay-steps cools down from where it stopped (warmup-stable-decay, Hu et al. 2024, MiniCPM)."""
+    lr = config.lr
     if config.warmup_steps and step < config.warmup_steps:
-        return config.lr * (step + 1) / config.warmup_steps
-    return config.lr
+        lr = lr * (step + 1) / config.warmup_steps
+    if config.decay_steps:
+        left = config.max_steps - step  # steps still to take, this one included
+        lr = min(lr, config.lr * left / config.decay_steps)
+    return lr
 
 
 def _reduce_mean(values: dict[str, float], env: DistEnv, device: str) -> dict[str, float]:
@@ -320,7 +334,8 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                     bar.advance()
                     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": group_end + 1}
                     if step % config.log_every == 0:
-                        last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
+                        lr = optimizer.param_groups[0]["lr"]  # the rate of the step just taken
+                        last = _log_window(window, env, device, position, recipe.unit, log_path, bar, lr)
                     if env.is_main and step % config.save_every == 0:
                         checkpoint.save(module, optimizer, position)
                     out_of_time = bool(config.time_budget_s) and _any_rank(
@@ -330,7 +345,8 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                         stop = True
                         break
                 if window["n"]:
-                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar) or last
+                    lr = optimizer.param_groups[0]["lr"]
+                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar, lr) or last
                 if not stop:
                     epoch, done_in_epoch = epoch + 1, 0
                     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": 0}
@@ -406,7 +422,7 @@ def _any_rank(flag: bool, env: DistEnv, device: str) -> bool:
     return bool(tensor.item())
 
 
-def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dict[str, float]:
+def _log_window(window, env, device, position, unit, log_path: Path, bar, lr: float) -> dict[str, float]:
     n = max(window["n"], 1)
     means = {k: v / n for k, v in window["sums"].items()}
     elapsed = max(time.perf_counter() - window["t0"], 1e-9)
@@ -415,7 +431,8 @@ def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dic
     if env.is_main:
         bar.update(**{k: v for k, v in means.items()})
         with open(log_path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps({**position, **{k: round(v, 6) for k, v in means.items()}}) + "\n")
+            line = {**position, **{k: round(v, 6) for k, v in means.items()}, "lr": float(f"{lr:.4g}")}
+            handle.write(json.dumps(line) + "\n")
     window.update(units=0, t0=time.perf_counter(), sums={}, n=0)
     return {k: v for k, v in means.items() if math.isfinite(v)}
 
