@@ -24,8 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNS = ROOT / "runs" / "zoo"
 DOCEMBED = str(Path(sys.executable).with_name("docembed"))
 
-# name -> (training steps, each a docembed argument list; the last one writes {out}), export options.
-# `{out}` is runs/zoo/<name>; `{runs}` is runs/zoo.
 # fmt: off
 # The student's settings, shared by its two steps (the second resumes the first to cool the LR down).
 _STUDENT = [
@@ -34,6 +32,10 @@ _STUDENT = [
     "--max-length", "2048", "--freeze-embeddings", "--batch-size", "8",
     "--lr", "5e-5", "--warmup-steps", "20", "--log-every", "10", "--save-every", "50",
 ]
+# fmt: on
+# name -> (training steps, each a docembed argument list; the last one writes {out}), export options.
+# `{out}` is runs/zoo/<name>; `{runs}` is runs/zoo.
+# fmt: off
 RECIPES: dict[str, dict | None] = {
     # QuickThoughts (issue 16): 7,615 steps of 400 consecutive sentences = 3.05M sentences (3.2 passes over
     # 955,730 sentences of IMDB and 20 Newsgroups), 99 minutes on one thread here. Vocabulary expansion is

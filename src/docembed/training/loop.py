@@ -318,8 +318,9 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                     window["n"] += 1
                     if not sync:
                         continue
+                    window["lr"] = _lr_at(step, config)
                     for group in optimizer.param_groups:
-                        group["lr"] = _lr_at(step, config)
+                        group["lr"] = window["lr"]
                     if scaler:
                         scaler.unscale_(optimizer)
                     if config.max_grad_norm:
@@ -334,8 +335,7 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                     bar.advance()
                     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": group_end + 1}
                     if step % config.log_every == 0:
-                        lr = optimizer.param_groups[0]["lr"]  # the rate of the step just taken
-                        last = _log_window(window, env, device, position, recipe.unit, log_path, bar, lr)
+                        last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
                     if env.is_main and step % config.save_every == 0:
                         checkpoint.save(module, optimizer, position)
                     out_of_time = bool(config.time_budget_s) and _any_rank(
@@ -345,8 +345,7 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                         stop = True
                         break
                 if window["n"]:
-                    lr = optimizer.param_groups[0]["lr"]
-                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar, lr) or last
+                    last = _log_window(window, env, device, position, recipe.unit, log_path, bar) or last
                 if not stop:
                     epoch, done_in_epoch = epoch + 1, 0
                     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": 0}
@@ -422,7 +421,7 @@ def _any_rank(flag: bool, env: DistEnv, device: str) -> bool:
     return bool(tensor.item())
 
 
-def _log_window(window, env, device, position, unit, log_path: Path, bar, lr: float) -> dict[str, float]:
+def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dict[str, float]:
     n = max(window["n"], 1)
     means = {k: v / n for k, v in window["sums"].items()}
     elapsed = max(time.perf_counter() - window["t0"], 1e-9)
@@ -431,7 +430,9 @@ def _log_window(window, env, device, position, unit, log_path: Path, bar, lr: fl
     if env.is_main:
         bar.update(**{k: v for k, v in means.items()})
         with open(log_path, "a", encoding="utf-8") as handle:
-            line = {**position, **{k: round(v, 6) for k, v in means.items()}, "lr": float(f"{lr:.4g}")}
+            line = {**position, **{k: round(v, 6) for k, v in means.items()}}
+            if "lr" in window:  # the rate of the last optimizer step taken
+                line["lr"] = float(f"{window['lr']:.4g}")
             handle.write(json.dumps(line) + "\n")
     window.update(units=0, t0=time.perf_counter(), sums={}, n=0)
     return {k: v for k, v in means.items() if math.isfinite(v)}
