@@ -41,6 +41,11 @@ HELD_OUT_QUERIES = 256  # the last 256 PI *train* queries and their documents: n
 STS_MIN_SCORE = {"senteval/stsb-train": 4.0, "senteval/sick-train": 4.0}  # STS-B 0-5, SICK 1-5
 
 
+# (split, label) -> each query's reciprocal rank (the harness's per_item): rows pair up on the same queries
+RECIPROCAL_RANKS: dict[tuple[str, str], list[float]] = {}
+RULE = "idf selector"
+
+
 def held_out_train_documents() -> set[str]:
     """Ids of the source and gold documents of the held-out PI train queries. (Their other candidates are
     drawn from the whole split, most of them the gold of some training pair: they stay in training.)"""
@@ -50,6 +55,18 @@ def held_out_train_documents() -> set[str]:
     return {i for t in tasks[-HELD_OUT_QUERIES:] for i in (t["source"], t["candidates"][t["answer"]])}
 
 
+def pi_train_pairs(docs: dict[str, str], tasks, held: set[str]):
+    """(source, gold, negatives) texts of every PI train task whose source and gold documents are not in
+    `held`; the negatives are the task's other candidates outside `held` (what PI asks a model to rank below
+    the paraphrase). Tasks with an empty source or gold are skipped."""
+    for task in tasks:
+        source, gold = task["source"], task["candidates"][task["answer"]]
+        if source in held or gold in held or not docs[source].strip() or not docs[gold].strip():
+            continue
+        others = [docs[c] for c in task["candidates"] if c != gold and c not in held and docs[c].strip()]
+        yield docs[source], docs[gold], others
+
+
 def write_training_pairs(path: Path, sts: bool = True) -> dict[str, int]:
     """JSON Lines {"source", "target"[, "negatives"]} paraphrase pairs, both directions: PI train (task
     source -> gold candidate, with the task's other candidates as negatives; the held-out queries' documents
@@ -57,15 +74,8 @@ def write_training_pairs(path: Path, sts: bool = True) -> dict[str, int]:
     from docembed import datasets
 
     docs = {d.id: d.text for d in datasets.documents("paraphrase_identification/train/docs")}
-    held_out = held_out_train_documents()
-    pairs: dict[str, list[tuple[str, str, list[str]]]] = {"pi_train": []}
-    for task in datasets.records("paraphrase_identification/train/task"):
-        source, gold = task["source"], task["candidates"][task["answer"]]
-        if source in held_out or gold in held_out or not docs[source].strip() or not docs[gold].strip():
-            continue
-        # the task's other candidates: the hard negatives PI asks a model to rank below the paraphrase
-        others = [docs[c] for c in task["candidates"] if c != gold and c not in held_out and docs[c].strip()]
-        pairs["pi_train"].append((docs[source], docs[gold], others))
+    tasks = datasets.records("paraphrase_identification/train/task")
+    pairs = {"pi_train": list(pi_train_pairs(docs, tasks, held_out_train_documents()))}
     for name, minimum in STS_MIN_SCORE.items() if sts else ():
         pairs[name] = [(r["s1"], r["s2"], []) for r in datasets.records(name) if r["score"] >= minimum]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -109,6 +119,7 @@ def _pi(model, label: str, table: dict, split: str, limit: int | None) -> dict:
         "queries": result.metrics["queries"],
         "seconds": round(time.perf_counter() - started, 1),
     }
+    RECIPROCAL_RANKS[split, label] = result.metrics["per_item"]["mrr"]
     if getattr(model, "multi_vector", False):
         docs, queries = evaluator._load()
         chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
@@ -237,9 +248,30 @@ def _pi_states(model: StateNugget, label: str, table: dict, split: str, limit: i
         "vectors_per_doc": round(float(model.encode(texts).counts.mean()), 2),
         "via": "shared token states",
     }
+    RECIPROCAL_RANKS[split, label] = result.metrics["per_item"]["mrr"]
     table[label] = row
     print(f"PI {split} {label}: {row}", file=sys.stderr, flush=True)
     return row
+
+
+def pair_with_rule(table: dict, split: str) -> None:
+    """Each NUGGET row minus the IDF rule at the same r on the same queries, with the standard error of
+    the paired difference (x100 points), as `vs_idf_rule`: so "above the rule" can be told from noise."""
+    import numpy as np
+
+    for label, row in table.items():
+        if " r=" not in label or label.startswith(RULE):
+            continue
+        rule = RECIPROCAL_RANKS.get((split, f"{RULE} r={label.rsplit(' r=', 1)[1]}"))
+        mine = RECIPROCAL_RANKS.get((split, label))
+        if rule is None or mine is None or len(rule) != len(mine):
+            continue
+        diff = 100.0 * (np.asarray(mine) - np.asarray(rule))
+        row["vs_idf_rule"] = {
+            "diff": round(float(diff.mean()), 2),
+            "se": round(float(diff.std(ddof=1) / np.sqrt(len(diff))), 2),
+            "queries_changed": int((diff != 0).sum()),
+        }
 
 
 def _split_texts(split: str) -> list[str]:
@@ -315,6 +347,7 @@ def main(
             else:
                 _pi(model, f"{label} r={ratio}", dev, "dev", limit)
         _write(out_dir, results)
+    pair_with_rule(dev, "dev")
     results["state_sharing_check"] = {
         "encode_mrr": real["mrr"],
         "table_mrr": dev["nugget (shipped) r=0.1"]["mrr"],
@@ -330,6 +363,7 @@ def main(
             _pi_states(StateNugget(model, held_shared), f"{label} r=0.1", held, "train", None)
         else:
             _pi(model, f"{label} r=0.1", held, "train", None)
+    pair_with_rule(held, "train")
     _write(out_dir, results)
 
     results["token_statistics"] = token_statistics(shipped, limit)
@@ -423,16 +457,32 @@ def markdown(results: dict) -> str:
         row = dev[spec]
         vectors = f" ({row['vectors_per_doc']:.1f})" if "vectors_per_doc" in row else ""
         lines.append(f"| {spec} (all r) | | {row['mrr']:.2f}{vectors} | |")
+    paired = [label for label in dict.fromkeys(labels) if "vs_idf_rule" in dev.get(f"{label} r=0.1", {})]
+    if paired:
+        lines += ["", "Minus the IDF rule at the same r, on the same queries (± paired standard error):", ""]
+        lines += ["| model | r=0.05 | r=0.1 | r=0.25 |", "|---|---|---|---|"]
+        for label in paired:
+            cells = [_versus(dev.get(f"{label} r={ratio}", {})) for ratio in RATIOS]
+            lines.append(f"| {label} | {' | '.join(cells)} |")
     held = results["held_out_pi_train"]
     lines += [
         "",
         f"Held-out PI train ({held['queries']}): "
-        + ", ".join(f"{k} {v['mrr']:.2f}" for k, v in held.items() if isinstance(v, dict)),
+        + ", ".join(
+            f"{k} {v['mrr']:.2f}" + (f" ({_versus(v)} vs the rule)" if "vs_idf_rule" in v else "")
+            for k, v in held.items()
+            if isinstance(v, dict)
+        ),
     ]
     timing = results.get("encode_time")
     if timing:
         lines.append(f"Encode time NUGGET / plain encoder forward: {timing['nugget_time_over_plain']:.2f}x")
     return "\n".join(lines) + "\n"
+
+
+def _versus(row: dict) -> str:
+    versus = row.get("vs_idf_rule")
+    return f"{versus['diff']:+.2f} ± {versus['se']:.2f}" if versus else ""
 
 
 def _rounded(row: dict) -> dict:

@@ -53,7 +53,8 @@ RECIPES: dict[str, dict | None] = {
     },
     # NUGGET (issue 14): the similarity objective on PI train pairs with all their hard negatives, the whole
     # encoder and W_V frozen (nuggets are MiniLM's own token vectors; only the selection learns), no feedback,
-    # the learned score a correction to the IDF rule (--idf-prior, zero at start): the best trained variant on
+    # the learned score a correction to the IDF rule (--idf-prior, zero at start), trained selecting r = 0.25
+    # so that the residual reaches the tokens around the 0.1 cut it encodes at: the best trained variant on
     # PI dev at r = 0.1 and 256 tokens (docs/zoo/nugget.md has the table of variants).
     "nugget": {
         "steps": [
@@ -61,7 +62,8 @@ RECIPES: dict[str, dict | None] = {
             [
                 "--seed", "0", "train-nugget", "{runs}/nugget_pairs_pi.jsonl", "-o", "{out}",
                 "--objective", "sim", "--freeze", "encoder+value", "--no-feedback", "--idf-prior", "1",
-                "--max-length", "256", "--ratio", "0.1", "--batch-size", "16", "--epochs", "3",
+                "--max-length", "256", "--ratio", "0.1", "--train-ratio", "0.25",
+                "--batch-size", "16", "--epochs", "3",
                 "--lr", "1e-4", "--warmup-steps", "10", "--negatives-per-pair", "14",
             ],
         ],

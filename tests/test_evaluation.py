@@ -191,6 +191,8 @@ def test_constant_scorer_gets_one_over_twenty_not_a_perfect_score(data_root):
     evaluator = get_evaluator("pi", EvalOptions(data_root=str(data_root)))
     result = evaluator.run(ConstantEncoder(EncoderConfig()))
     assert result.score == pytest.approx(5.0)  # gold first in every list, yet ranked last on every tie
+    per_query = result.metrics["per_item"]["mrr"]  # each query's reciprocal rank, for paired errors
+    assert len(per_query) == result.metrics["queries"] and set(per_query) == {0.05}
 
 
 def test_word_overlap_models_find_the_paraphrase(data_root):

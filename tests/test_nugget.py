@@ -676,11 +676,12 @@ def test_cli_train_nugget_sim_with_frozen_encoder_and_idf_prior(tokenizer, tmp_p
     args = ["-q", "train-nugget", str(pairs), "-o", str(tmp_path / "model"), "--objective", "sim"]
     args += ["--backbone", str(tmp_path / "tiny-bert"), "--kind", "bert", "--scorer-layer", "1"]
     args += ["--freeze", "encoder", "--no-feedback", "--idf-prior", "1", "--max-steps", "2", "-b", "3"]
-    args += ["--max-length", "24", "--decoder-layers", "1"]
+    args += ["--max-length", "24", "--decoder-layers", "1", "--ratio", "0.25", "--train-ratio", "0.5"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     model = load_model(str(tmp_path / "model"))
     assert model.config.idf_prior == 1.0 and model.config.max_length == 24
+    assert model.config.ratio == 0.25  # trained selecting at 0.5, it encodes at --ratio
     assert float(model.model.idf.max()) > 1.0  # the table was fitted on the training text and saved
 
 
@@ -711,6 +712,38 @@ def test_hard_negatives_join_the_batch_and_the_loss(tokenizer):
     assert float(with_negatives) > float(without)  # more columns to lose probability mass to
     none = NuggetRecipe(encoder, examples, "sim", batch_size=2, negatives_per_pair=0)
     assert "negative_input_ids" not in next(iter(none.batches(0)))
+
+
+@pytest.mark.parametrize("train_ratio", [None, 0.5])
+def test_train_ratio_widens_what_the_residual_reaches_while_training_only(tokenizer, train_ratio):
+    encoder = tiny(tokenizer, ratio=0.25, residual="raw")
+    recipe, batch = sim_batch(encoder, {"train_ratio": train_ratio})
+    scored = []  # every token's score, per forward of the scorer (one per side of the batch)
+
+    def keep(module, inputs, out):
+        out.retain_grad()
+        scored.append(out)
+
+    hook = encoder.model.scorer.register_forward_hook(keep)
+    terms = recipe.module(batch)
+    terms["loss"].backward()
+    hook.remove()
+    r = train_ratio or 0.25
+    for out, side in zip(scored, ("", "other_"), strict=False):
+        n = batch[f"{side}attention_mask"].sum(1)
+        k = torch.ceil(n * r - 1e-9).long()
+        # the scorer hears only through the residual: exactly the k(train r) selected tokens get a gradient
+        assert (out.grad.squeeze(-1) != 0).sum(1).tolist() == k.tolist()
+    assert float(terms["nuggets_per_doc"]) == pytest.approx(float(k.float().mean()))
+    assert encoder.model.ratio == 0.25 and encoder.config.ratio == 0.25  # encoding keeps the model's r
+    assert encoder.encode(["a b c d e f g h ."]).counts.tolist() == [math.ceil(0.25 * 11)]
+
+
+def test_train_ratio_outside_zero_to_one_is_refused(tokenizer):
+    from docembed.errors import UsageError
+
+    with pytest.raises(UsageError, match="train-ratio"):
+        sim_batch(tiny(tokenizer), {"train_ratio": 0.0})
 
 
 def test_cli_train_nugget_refuses_negatives_that_are_not_texts(tmp_path):

@@ -43,6 +43,14 @@ def train_nugget(
     ratio: float = typer.Option(
         0.1, "--ratio", min=0.0, max=1.0, help="Compression ratio r (k = ceil(r n))."
     ),
+    train_ratio: float = typer.Option(
+        None,
+        "--train-ratio",
+        min=0.0,
+        max=1.0,
+        help="Select this r while training (default: --ratio); the model still encodes at --ratio. "
+        "Larger lets the residual reach the tokens just below the cut.",
+    ),
     scorer_layer: int = typer.Option(
         3, "--scorer-layer", min=0, help="l: scorer input; layers below freeze."
     ),
@@ -130,6 +138,7 @@ def train_nugget(
         attention_temperature=attention_temperature,
         temperature=temperature,
         negatives_per_pair=negatives_per_pair,
+        train_ratio=train_ratio,
     )
     summary = train(
         recipe,

@@ -48,7 +48,8 @@ def _sparse_rowwise_dot(left, right) -> np.ndarray:
 @register_task
 class ParaphraseIdentification(Evaluator):
     """NUGGET's document-level paraphrase identification: rank 20 candidates for each source document.
-    MRR x100 with the candidates shuffled (fixed seed) and ties counted against the gold."""
+    MRR x100 with the candidates shuffled (fixed seed) and ties counted against the gold; `per_item` keeps
+    each query's reciprocal rank."""
 
     name = "paraphrase-identification"
     primary_metric = "mrr"
@@ -119,6 +120,8 @@ class ParaphraseIdentification(Evaluator):
             "top1": 100.0 * float(np.mean(rr == 1.0)),
             "queries": len(golds),
             "candidates_per_query": int(np.mean([len(s) for s in score_lists])) if score_lists else 0,
+            # per query, in the evaluated order: two models on the same queries pair up for a standard error
+            "per_item": {"mrr": [round(float(v), 6) for v in rr]},
         }
 
 

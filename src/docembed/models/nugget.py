@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import string
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -316,6 +317,16 @@ class NuggetModel(nn.Module):
         return self.gather(top, indices, slots, scores, all_scores)
 
     encode_batch = forward  # the name the rest of the code base reads
+
+    @contextmanager
+    def selecting_at(self, ratio: float | None):
+        """Select k = ceil(ratio * n) nuggets inside the block (None: the model's own r), then go back."""
+        own = self.ratio
+        self.ratio = own if ratio is None else ratio
+        try:
+            yield
+        finally:
+            self.ratio = own
 
     def residual(self, scores: torch.Tensor) -> torch.Tensor:
         return residual_term(scores, self.config.residual)
