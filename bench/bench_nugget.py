@@ -254,24 +254,31 @@ def _pi_states(model: StateNugget, label: str, table: dict, split: str, limit: i
     return row
 
 
-def pair_with_rule(table: dict, split: str) -> None:
-    """Each NUGGET row minus the IDF rule at the same r on the same queries, with the standard error of
-    the paired difference (x100 points), as `vs_idf_rule`: so "above the rule" can be told from noise."""
+def paired_difference(mine, reference) -> dict:
+    """`mine` minus `reference`, per-query reciprocal ranks of the same queries, in x100 points: the mean,
+    the standard error of the paired difference and how many queries changed rank."""
     import numpy as np
 
+    from docembed.evaluation.long_documents import standard_error
+
+    diff = 100.0 * (np.asarray(mine) - np.asarray(reference))
+    return {
+        "diff": round(float(diff.mean()), 2),
+        "se": round(standard_error(diff), 2),
+        "queries_changed": int((diff != 0).sum()),
+    }
+
+
+def pair_with_rule(table: dict, split: str) -> None:
+    """Each NUGGET row minus the IDF rule at the same r on the same queries (`paired_difference`), as
+    `vs_idf_rule`: so "above the rule" can be told from noise."""
     for label, row in table.items():
         if " r=" not in label or label.startswith(RULE):
             continue
         rule = RECIPROCAL_RANKS.get((split, f"{RULE} r={label.rsplit(' r=', 1)[1]}"))
         mine = RECIPROCAL_RANKS.get((split, label))
-        if rule is None or mine is None or len(rule) != len(mine):
-            continue
-        diff = 100.0 * (np.asarray(mine) - np.asarray(rule))
-        row["vs_idf_rule"] = {
-            "diff": round(float(diff.mean()), 2),
-            "se": round(float(diff.std(ddof=1) / np.sqrt(len(diff))), 2),
-            "queries_changed": int((diff != 0).sum()),
-        }
+        if rule is not None and mine is not None and len(rule) == len(mine):
+            row["vs_idf_rule"] = paired_difference(mine, rule)
 
 
 def _split_texts(split: str) -> list[str]:

@@ -122,17 +122,11 @@ def main(out_dir: Path, full: bool = False) -> dict:
             row[label] = round(100 * float(np.mean(model_ranks)), 2)
         folds.append(row)
         print(f"fold {fold}: {row}", file=sys.stderr, flush=True)
-    rule_all = np.asarray(ranks["idf rule"])
-    pooled = {"idf rule": {"mrr": round(100 * float(rule_all.mean()), 2)}}
+    pooled = {"idf rule": {"mrr": round(100 * float(np.mean(ranks["idf rule"])), 2)}}
     for label in RECIPES:
-        diff = 100 * (np.asarray(ranks[label]) - rule_all)
         pooled[label] = {
             "mrr": round(100 * float(np.mean(ranks[label])), 2),
-            "vs_idf_rule": {
-                "diff": round(float(diff.mean()), 2),
-                "se": round(float(diff.std(ddof=1) / np.sqrt(len(diff))), 2),
-                "queries_changed": int((diff != 0).sum()),
-            },
+            "vs_idf_rule": bench_nugget.paired_difference(ranks[label], ranks["idf rule"]),
         }
     results = {
         "setup": f"{FOLDS} folds of the {len(tasks)} PI train queries, r = 0.1, {bench_nugget.MAX_LENGTH} "
