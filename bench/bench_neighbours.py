@@ -75,11 +75,11 @@ def main(out_dir: pathlib.Path, full: bool = False) -> dict:
 
     from docembed import datasets
     from docembed.evaluation.retrieval import label_retrieval
-    from docembed.evaluation.tasks import _subset
+    from docembed.evaluation.statistics import sample_indices
 
     torch.set_num_threads(1)
     records = list(datasets.records("20newsgroups/test"))
-    keep = _subset(
+    keep = sample_indices(
         len(records), None if full else 2000, np.random.default_rng(1111), [r["label"] for r in records]
     )
     texts = [records[i]["text"] for i in keep]

@@ -7,19 +7,21 @@ picks (the paper's Figure 5); its encode time against the plain encoder's forwar
     python bench/bench_nugget.py --make-pairs runs/nugget_pairs.jsonl     # the training data
     python bench/bench_nugget.py --out bench/results/nugget --model runs/nugget-zoo [--variant L=DIR ...]
 
-Training data (`--make-pairs`): paraphrase pairs, both directions, from PI *train* (task source -> gold
-candidate, the task's other candidates as hard negatives) without the held-out queries, plus STS-B and SICK
-*train* pairs scored >= 4 (not with `--pi-only`, which the shipped model's recipe uses). The held-out
-check: the last 256 PI train queries, whose source and gold documents are never trained on. PI is scored
-by the evaluation harness (shuffled candidates, pessimistic ties), all 1,024 dev queries; tfidf sees whole
-documents. The IDF selector's table is fitted on the training text, as `train-nugget` fits the shipped
-model's. Reconstruction BLEU is measured only for a model trained with a decoder objective (ae / mt).
+Training data (`--make-pairs`: `docembed.training.nugget_recipe.write_training_pairs`): paraphrase pairs,
+both directions, from PI *train* (task source -> gold candidate, the task's other candidates as hard
+negatives) without the held-out queries, plus STS-B and SICK *train* pairs scored >= 4 (not with
+`--pi-only`, which the shipped model's recipe uses). The held-out check: the last 256 PI train queries,
+whose source and gold documents are never trained on. PI is scored by the evaluation harness (shuffled
+candidates, pessimistic ties), all 1,024 dev queries; tfidf sees whole documents. The IDF selector's table
+is fitted on the training text, as `train-nugget` fits the shipped model's. Reconstruction BLEU is measured
+only for a model trained with a decoder objective (ae / mt).
 The quick mode (`main(full=False)`, `make bench`) uses 256 dev queries.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -37,78 +39,36 @@ DEFAULT_MODEL = ROOT / "runs" / "nugget-zoo"
 DEFAULT_PAIRS = ROOT / "runs" / "nugget_pairs.jsonl"
 
 
-HELD_OUT_QUERIES = 256  # the last 256 PI *train* queries and their documents: never trained on
-STS_MIN_SCORE = {"senteval/stsb-train": 4.0, "senteval/sick-train": 4.0}  # STS-B 0-5, SICK 1-5
-
-
 # (split, label) -> each query's reciprocal rank (the harness's per_item): rows pair up on the same queries
 RECIPROCAL_RANKS: dict[tuple[str, str], list[float]] = {}
 RULE = "idf selector"
 
 
-def held_out_train_documents() -> set[str]:
-    """Ids of the source and gold documents of the held-out PI train queries. (Their other candidates are
-    drawn from the whole split, most of them the gold of some training pair: they stay in training.)"""
-    from docembed import datasets
-
-    tasks = list(datasets.records("paraphrase_identification/train/task"))
-    return {i for t in tasks[-HELD_OUT_QUERIES:] for i in (t["source"], t["candidates"][t["answer"]])}
-
-
-def pi_train_pairs(docs: dict[str, str], tasks, held: set[str]):
-    """(source, gold, negatives) texts of every PI train task whose source and gold documents are not in
-    `held`; the negatives are the task's other candidates outside `held` (what PI asks a model to rank below
-    the paraphrase). Tasks with an empty source or gold are skipped."""
-    for task in tasks:
-        source, gold = task["source"], task["candidates"][task["answer"]]
-        if source in held or gold in held or not docs[source].strip() or not docs[gold].strip():
-            continue
-        others = [docs[c] for c in task["candidates"] if c != gold and c not in held and docs[c].strip()]
-        yield docs[source], docs[gold], others
-
-
-def write_training_pairs(path: Path, sts: bool = True) -> dict[str, int]:
-    """JSON Lines {"source", "target"[, "negatives"]} paraphrase pairs, both directions: PI train (task
-    source -> gold candidate, with the task's other candidates as negatives; the held-out queries' documents
-    excluded), and (`sts`) the STS-B / SICK *train* pairs scored >= 4. No PI dev text."""
-    from docembed import datasets
-
-    docs = {d.id: d.text for d in datasets.documents("paraphrase_identification/train/docs")}
-    tasks = datasets.records("paraphrase_identification/train/task")
-    pairs = {"pi_train": list(pi_train_pairs(docs, tasks, held_out_train_documents()))}
-    for name, minimum in STS_MIN_SCORE.items() if sts else ():
-        pairs[name] = [(r["s1"], r["s2"], []) for r in datasets.records(name) if r["score"] >= minimum]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as out:
-        for rows in pairs.values():
-            for a, b, negatives in rows:
-                for source, target in ((a, b), (b, a)):
-                    row = {"source": source, "target": target}
-                    if negatives:
-                        row["negatives"] = negatives
-                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    return {name: len(rows) for name, rows in pairs.items()}
-
-
-def _evaluator(split: str, limit: int | None):
+@functools.cache
+def _pi_data(split: str):
+    """The PI split's documents and queries, read once (the evaluators are built from them)."""
     from docembed.evaluation import EvalOptions, get_evaluator
 
+    name = "paraphrase-identification" if split == "dev" else "paraphrase-identification-train"
+    whole = get_evaluator(name, EvalOptions())
+    return whole.docs, whole.queries
+
+
+def _evaluator(split: str, limit: int | None, embed=None):
+    """The harness on PI dev (`limit` queries), or on the held-out last HELD_OUT_QUERIES train queries;
+    `embed` replaces the embedding cache (the shared-state path)."""
+    from docembed.evaluation import EvalOptions
+    from docembed.evaluation.tasks import ParaphraseIdentification, ParaphraseIdentificationTrain
+    from docembed.training.nugget_recipe import HELD_OUT_QUERIES
+
+    docs, queries = _pi_data(split)
     if split == "dev":
-        return get_evaluator("paraphrase-identification", EvalOptions(limit=limit))
-    evaluator = get_evaluator("paraphrase-identification-train", EvalOptions())
-    load = evaluator._load
-
-    def held_out():  # the last HELD_OUT_QUERIES train queries only
-        docs, queries = load()
-        return docs, queries[-HELD_OUT_QUERIES:]
-
-    evaluator._load = held_out
-    return evaluator
+        return ParaphraseIdentification(docs, queries, EvalOptions(limit=limit), embed=embed)
+    return ParaphraseIdentificationTrain(docs, queries[-HELD_OUT_QUERIES:], EvalOptions(), embed=embed)
 
 
 def _pi(model, label: str, table: dict, split: str, limit: int | None) -> dict:
-    from docembed.evaluation.base import cached_encode
-    from docembed.evaluation.tasks import _subset
+    from docembed.evaluation import cached_encode
 
     started = time.perf_counter()
     evaluator = _evaluator(split, limit)
@@ -121,10 +81,8 @@ def _pi(model, label: str, table: dict, split: str, limit: int | None) -> dict:
     }
     RECIPROCAL_RANKS[split, label] = result.metrics["per_item"]["mrr"]
     if getattr(model, "multi_vector", False):
-        docs, queries = evaluator._load()
-        chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
-        texts = [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
-        vectors = cached_encode(model, texts, 32)  # the harness's own texts and order: a cache hit
+        # the harness's own texts and order: a cache hit
+        vectors = cached_encode(model, evaluator.evaluated_texts(), 32)
         row["vectors_per_doc"] = round(float(vectors.counts.mean()), 2)
     table[label] = row
     print(f"PI {split} {label}: {row}", file=sys.stderr, flush=True)
@@ -161,91 +119,32 @@ def sbert(spec: str):
     return SBertEncoder(SBertConfig(output=output, max_seq_length=MAX_LENGTH), name=spec)
 
 
-class SharedStates:
-    """The frozen MiniLM encoder's token states (layer l and last) of every document of a PI split, computed
-    once. A NUGGET model whose states are these (`shares_states`: whole encoder frozen, no feedback, the
-    MiniLM backbone) then encodes any r with selection + W_V alone: `StateNugget` runs exactly the
-    computation of `NuggetModel.forward` from them. The bench checks that on the shipped model against its
-    real `encode` (the `state_sharing_check` entry)."""
-
-    def __init__(self, reference, texts: list[str]):
-        import torch
-
-        model = reference.model.eval()
-        self.states = {}
-        ids = reference.tokenize(texts)
-        for chunk, input_ids, attention in reference._batches(ids, 32):
-            with torch.no_grad():
-                bottom, mask = model.bottom_states(input_ids, attention)
-                top = model.upper_states(bottom, mask)
-            for row, i in enumerate(chunk):
-                n = len(ids[i])
-                self.states[tuple(ids[i])] = (bottom[row, :n].clone(), top[row, :n].clone())
+def shared_states(reference, texts: list[str]) -> dict:
+    """The frozen MiniLM encoder's token states (layer l and last) of every document of a PI split,
+    computed once. A NUGGET model whose states are these (`shares_states`: whole encoder frozen, no feedback,
+    the MiniLM backbone) then encodes any r with selection + W_V alone (`NuggetEncoder.encode_from_states`).
+    The bench checks that on the shipped model against its real `encode` (the `state_sharing_check`)."""
+    return reference.token_states(texts)
 
 
 def shares_states(model) -> bool:
     return model.model.cacheable and model.config.backbone == "minilm" and model.config.scorer_layer == 3
 
 
-class StateNugget:
-    """A NUGGET encoder stand-in for the PI harness that reads `SharedStates` instead of running MiniLM."""
-
-    multi_vector, family = True, "nugget"
-
-    def __init__(self, model, shared: SharedStates):
-        self.model, self.shared = model, shared
-        self.name, self.source, self.config = model.name, model.source, model.config
-        self.set_ratio = model.set_ratio
-        self.supports = model.supports  # the harness asks the model what it can do (capabilities)
-
-    def config_hash(self) -> str:
-        return self.model.config_hash()
-
-    def encode(self, texts, batch_size: int = 64):
-        import numpy as np
-        import torch
-
-        from docembed.types import MultiVectors
-
-        ids = self.model.tokenize(texts)
-        vectors, positions = [np.zeros((0, 384), np.float32)] * len(ids), [np.zeros(0, np.int64)] * len(ids)
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-        network = self.model.model.eval()
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            width, d = max(len(ids[i]) for i in chunk), self.model.dim
-            input_ids = torch.zeros((len(chunk), width), dtype=torch.long)
-            mask = torch.zeros((len(chunk), width), dtype=torch.long)
-            bottom, top = torch.zeros((len(chunk), width, d)), torch.zeros((len(chunk), width, d))
-            for row, i in enumerate(chunk):
-                n = len(ids[i])
-                input_ids[row, :n], mask[row, :n] = torch.tensor(ids[i]), 1
-                bottom[row, :n], top[row, :n] = self.shared.states[tuple(ids[i])]
-            with torch.no_grad():
-                out = network.from_states(bottom, top, input_ids, mask)
-            nuggets = torch.nn.functional.normalize(out.nuggets, dim=-1).numpy()
-            for row, i in enumerate(chunk):
-                k = int(out.slots[row].sum())
-                vectors[i], positions[i] = nuggets[row, :k], out.indices[row, :k].numpy()
-        return MultiVectors.from_list(vectors, positions)
-
-
-def _pi_states(model: StateNugget, label: str, table: dict, split: str, limit: int | None) -> dict:
+def _pi_states(model, shared: dict, label: str, table: dict, split: str, limit: int | None) -> dict:
     started = time.perf_counter()
-    evaluator = _evaluator(split, limit)
-    evaluator.embed = lambda model, texts: model.encode(texts)  # no embedding cache: nothing to reuse
-    result = evaluator.run(model)
-    docs, queries = evaluator._load()
-    from docembed.evaluation.tasks import _subset
 
-    chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
-    texts = [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
+    def from_states(model, texts):  # no embedding cache: nothing to reuse
+        return model.encode_from_states(texts, shared)
+
+    evaluator = _evaluator(split, limit, embed=from_states)
+    result = evaluator.run(model)
     row = {
         "mrr": round(result.score, 2),
         "top1": round(result.metrics["top1"], 2),
         "queries": result.metrics["queries"],
         "seconds": round(time.perf_counter() - started, 1),
-        "vectors_per_doc": round(float(model.encode(texts).counts.mean()), 2),
+        "vectors_per_doc": round(float(from_states(model, evaluator.evaluated_texts()).counts.mean()), 2),
         "via": "shared token states",
     }
     RECIPROCAL_RANKS[split, label] = result.metrics["per_item"]["mrr"]
@@ -254,19 +153,13 @@ def _pi_states(model: StateNugget, label: str, table: dict, split: str, limit: i
     return row
 
 
-def paired_difference(mine, reference) -> dict:
+def versus(mine, reference) -> dict:
     """`mine` minus `reference`, per-query reciprocal ranks of the same queries, in x100 points: the mean,
     the standard error of the paired difference and how many queries changed rank."""
-    import numpy as np
+    from docembed.evaluation.statistics import paired_difference
 
-    from docembed.evaluation.long_documents import standard_error
-
-    diff = 100.0 * (np.asarray(mine) - np.asarray(reference))
-    return {
-        "diff": round(float(diff.mean()), 2),
-        "se": round(standard_error(diff), 2),
-        "queries_changed": int((diff != 0).sum()),
-    }
+    paired = paired_difference(mine, reference)
+    return {"diff": paired["diff"], "se": paired["se"], "queries_changed": paired["changed"]}
 
 
 def pair_with_rule(table: dict, split: str) -> None:
@@ -278,17 +171,12 @@ def pair_with_rule(table: dict, split: str) -> None:
         rule = RECIPROCAL_RANKS.get((split, f"{RULE} r={label.rsplit(' r=', 1)[1]}"))
         mine = RECIPROCAL_RANKS.get((split, label))
         if rule is not None and mine is not None and len(rule) == len(mine):
-            row["vs_idf_rule"] = paired_difference(mine, rule)
+            row["vs_idf_rule"] = versus(mine, rule)
 
 
 def _split_texts(split: str) -> list[str]:
-    from docembed import datasets
-
-    docs = {d.id: d.text for d in datasets.documents(f"paraphrase_identification/{split}/docs")}
-    if split == "dev":
-        return list(docs.values())
-    tasks = list(datasets.records("paraphrase_identification/train/task"))[-HELD_OUT_QUERIES:]
-    return [docs[i] for i in sorted({i for t in tasks for i in [t["source"], *t["candidates"]]})]
+    """Every document the harness embeds on the split (dev: all queries; train: the held-out ones)."""
+    return _evaluator(split, None).evaluated_texts()
 
 
 def main(
@@ -302,6 +190,7 @@ def main(
 
     from docembed.evaluation import load_evaluation_model
     from docembed.models.registry import load_model
+    from docembed.training.nugget_recipe import HELD_OUT_QUERIES, write_training_pairs
 
     limit = None if full else QUICK_QUERIES
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -342,7 +231,7 @@ def main(
         nuggets[label].config.max_length = MAX_LENGTH
     own = {k: shipped.config.to_dict()[k] for k in ("freeze", "feedback", "idf_prior")}
     nuggets["warm start of the shipped config (untrained)"] = warm_start("warm", shipped, pairs, **own)
-    shared = SharedStates(rules["idf selector"], _split_texts("dev"))
+    shared = shared_states(rules["idf selector"], _split_texts("dev"))
     # real encode() of the shipped model at r = 0.1: the reference the shared-state path must reproduce
     shipped.set_ratio(0.1)
     real = _pi(shipped, "nugget (shipped) r=0.1, encode()", {}, "dev", limit)
@@ -350,7 +239,7 @@ def main(
         for ratio in RATIOS:
             model.set_ratio(ratio)
             if shares_states(model):
-                _pi_states(StateNugget(model, shared), f"{label} r={ratio}", dev, "dev", limit)
+                _pi_states(model, shared, f"{label} r={ratio}", dev, "dev", limit)
             else:
                 _pi(model, f"{label} r={ratio}", dev, "dev", limit)
         _write(out_dir, results)
@@ -361,13 +250,13 @@ def main(
     }
     del shared
 
-    held_shared = SharedStates(rules["idf selector"], _split_texts("train"))
+    held_shared = shared_states(rules["idf selector"], _split_texts("train"))
     for label, model in (("tfidf", load_evaluation_model("tfidf")), ("sbert-tokens", sbert("sbert-tokens"))):
         _pi(model, label, held, "train", None)
     for label, model in (("idf selector", rules["idf selector"]), ("nugget (shipped)", shipped)):
         model.set_ratio(0.1)
         if shares_states(model):
-            _pi_states(StateNugget(model, held_shared), f"{label} r=0.1", held, "train", None)
+            _pi_states(model, held_shared, f"{label} r=0.1", held, "train", None)
         else:
             _pi(model, f"{label} r=0.1", held, "train", None)
     pair_with_rule(held, "train")
@@ -387,16 +276,12 @@ def token_statistics(model, limit: int | None) -> dict:
     """What the model picks at r = 0.1 on PI dev (the paper's Figure 5), and how rare it is: the mean IDF
     (the model's table, else one fitted on these documents) of the nuggets against that of all tokens. The
     nuggets are those of the harness's encode() at r = 0.1 (an embedding-cache hit)."""
-    from docembed.evaluation.base import cached_encode
-    from docembed.evaluation.tasks import _subset
+    from docembed.evaluation import cached_encode
     from docembed.models.nugget import idf_table
     from docembed.models.nugget_statistics import nugget_token_statistics
 
     model.set_ratio(0.1)
-    evaluator = _evaluator("dev", limit)
-    docs, queries = evaluator._load()
-    chosen = [queries[i] for i in _subset(len(queries), evaluator.options.limit, evaluator.rng())]
-    texts = [docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
+    texts = _evaluator("dev", limit).evaluated_texts()
     vectors = cached_encode(model, texts, 32)
     ids = model.tokenize(texts)
     items = [
@@ -432,7 +317,7 @@ def encode_time(model, documents: int) -> dict:
 
     def plain() -> None:
         with torch.no_grad():
-            for _, input_ids, attention in model._batches(model.tokenize(texts), 32):
+            for _, input_ids, attention in model.padded_batches(model.tokenize(texts), 32):
                 encoder_only(input_ids=input_ids, attention_mask=attention)
 
     timings = {}
@@ -517,6 +402,8 @@ if __name__ == "__main__":
     parser.add_argument("--pi-only", action="store_true", help="--make-pairs: PI train pairs only (no STS).")
     args = parser.parse_args()
     if args.make_pairs:
+        from docembed.training.nugget_recipe import write_training_pairs
+
         counts = write_training_pairs(args.make_pairs, sts=not args.pi_only)
         print(f"pairs {counts} -> {args.make_pairs}", file=sys.stderr)
     else:

@@ -34,12 +34,14 @@ RECIPES = {  # label -> --train-ratio (the model encodes at r = 0.1 in both)
 
 def fold_pairs(docs: dict, tasks: list[dict], fold: int):
     """Training pairs (both directions, the task's other candidates as hard negatives) of every task whose
-    source and gold are outside the fold (bench_nugget.pi_train_pairs); the fold's query range."""
+    source and gold are outside the fold (nugget_recipe.pi_train_pairs); the fold's query range."""
+    from docembed.training.nugget_recipe import pi_train_pairs
+
     size = len(tasks) // FOLDS
     span = (fold * size, (fold + 1) * size)
     held = {i for t in tasks[span[0] : span[1]] for i in (t["source"], t["candidates"][t["answer"]])}
     sources, targets, negatives = [], [], []
-    for source, gold, others in bench_nugget.pi_train_pairs(docs, tasks, held):
+    for source, gold, others in pi_train_pairs(docs, tasks, held):
         for a, b in ((source, gold), (gold, source)):
             sources.append(a)
             targets.append(b)
@@ -47,20 +49,18 @@ def fold_pairs(docs: dict, tasks: list[dict], fold: int):
     return sources, targets, negatives, span
 
 
-def fold_reciprocal_ranks(model, shared, span) -> list[float]:
-    from docembed.evaluation import EvalOptions, get_evaluator
+def fold_reciprocal_ranks(model, shared: dict, docs: dict, tasks: list[dict], span) -> list[float]:
+    """Each query's reciprocal rank in the fold, the model encoding from the shared token states."""
+    from docembed.evaluation import EvalOptions
+    from docembed.evaluation.tasks import ParaphraseIdentificationTrain
 
-    evaluator = get_evaluator("paraphrase-identification-train", EvalOptions())
-    load = evaluator._load
+    def from_states(model, texts):
+        return model.encode_from_states(texts, shared)
 
-    def fold_queries():
-        docs, queries = load()
-        return docs, queries[span[0] : span[1]]
-
-    evaluator._load = fold_queries
-    evaluator.embed = lambda model, texts: model.encode(texts)
+    fold = tasks[span[0] : span[1]]
+    evaluator = ParaphraseIdentificationTrain(docs, fold, EvalOptions(), embed=from_states)
     model.set_ratio(0.1)
-    return evaluator.run(bench_nugget.StateNugget(model, shared)).metrics["per_item"]["mrr"]
+    return evaluator.run(model).metrics["per_item"]["mrr"]
 
 
 def main(out_dir: Path, full: bool = False) -> dict:
@@ -88,15 +88,15 @@ def main(out_dir: Path, full: bool = False) -> dict:
         return model
 
     rule = encoder(selector="idf", freeze="encoder")
-    shared = bench_nugget.SharedStates(rule, list(dict.fromkeys(docs.values())))
+    shared = bench_nugget.shared_states(rule, list(dict.fromkeys(docs.values())))
     # the recipe's own cache format (bf16 per document), built once from the shared states
-    states = {key: (b.to(torch.bfloat16), t.to(torch.bfloat16)) for key, (b, t) in shared.states.items()}
+    states = {key: (b.to(torch.bfloat16), t.to(torch.bfloat16)) for key, (b, t) in shared.items()}
     ranks: dict[str, list[float]] = {"idf rule": []}
     folds = []
     for fold in range(FOLDS):
         sources, targets, negatives, span = fold_pairs(docs, tasks, fold)
         row = {"queries": list(span), "training_pairs": len(sources) // 2}
-        rule_ranks = fold_reciprocal_ranks(rule, shared, span)
+        rule_ranks = fold_reciprocal_ranks(rule, shared, docs, tasks, span)
         ranks["idf rule"] += rule_ranks
         row["idf rule"] = round(100 * float(np.mean(rule_ranks)), 2)
         for label, train_ratio in RECIPES.items():
@@ -117,7 +117,7 @@ def main(out_dir: Path, full: bool = False) -> dict:
                 save_every=100_000,
             )
             train(recipe, config)
-            model_ranks = fold_reciprocal_ranks(model, shared, span)
+            model_ranks = fold_reciprocal_ranks(model, shared, docs, tasks, span)
             ranks.setdefault(label, []).extend(model_ranks)
             row[label] = round(100 * float(np.mean(model_ranks)), 2)
         folds.append(row)
@@ -126,7 +126,7 @@ def main(out_dir: Path, full: bool = False) -> dict:
     for label in RECIPES:
         pooled[label] = {
             "mrr": round(100 * float(np.mean(ranks[label])), 2),
-            "vs_idf_rule": bench_nugget.paired_difference(ranks[label], ranks["idf rule"]),
+            "vs_idf_rule": bench_nugget.versus(ranks[label], ranks["idf rule"]),
         }
     results = {
         "setup": f"{FOLDS} folds of the {len(tasks)} PI train queries, r = 0.1, {bench_nugget.MAX_LENGTH} "

@@ -17,7 +17,10 @@ fitted per task, pv is trained per task on that task's training text (PV_SETTING
 $DOCEMBED_HOME/cache/bench-pv/, keyed by the hash of their training text). A shipped built-in whose weights
 are not in the package yet is recorded as {"missing": ...}.
 
-A failing cell is recorded as {"error": ...} and the run goes on.
+A failing cell is recorded as {"error": ...} and the run goes on. Tasks that score each item keep the
+values (`metrics.per_item`); the result's `paired_differences` compares every shipped model with every
+other model on them (`statistics.paired_difference`), so bench/run.py can keep the arrays out of the
+committed summary.
 
     .venv/bin/python bench/bench_quality.py [--full | --quick] [--out DIR] [--models tfidf,sbert] [--tasks pi]
 """
@@ -106,6 +109,33 @@ def _pv_for(evaluator, work_dir: pathlib.Path):
     return model, f"pv trained on {len(texts)} texts: {evaluator.fit_description()}"
 
 
+def paired_differences(results: dict, models: list[str] | None = None) -> dict:
+    """`model` minus each other model on the same items, for every task and metric where both kept per-item
+    values: {model: {task: {metric: {other: {diff, se, n, changed}}}}} (x100, as the leaderboard). `models`
+    defaults to the shipped ones (the zoo): what the page compares with the baselines."""
+    from docembed.evaluation.statistics import paired_difference
+
+    if models is None:
+        from docembed.models.registry import BUILTIN
+
+        models = [name for name, entry in BUILTIN.items() if entry.shipped]
+
+    def items(model: str, task: str) -> dict:
+        return (results.get(model, {}).get(task) or {}).get("metrics", {}).get("per_item", {})
+
+    out: dict = {}
+    for model in (m for m in models if m in results):
+        for task in results[model]:
+            for metric, mine in items(model, task).items():
+                for other in results:
+                    theirs = items(other, task).get(metric)
+                    if other == model or theirs is None or len(theirs) != len(mine):
+                        continue
+                    cell = out.setdefault(model, {}).setdefault(task, {}).setdefault(metric, {})
+                    cell[other] = paired_difference(mine, theirs)
+    return out
+
+
 def throughput(model_names: list[str], count: int) -> dict:
     """Encode docs/s of each loadable model on the first `count` IMDB test reviews, one after the other in
     this process (same threads), after a short warm-up. Fitted baselines are fitted on the same reviews."""
@@ -156,9 +186,8 @@ def main(
     if jobs > 1 and len(names) > 1:
         return _in_parallel(pathlib.Path(out_dir), full, names, tasks, quick, jobs, measure_throughput)
     from docembed.errors import ModelNotFoundError
-    from docembed.evaluation import TASKS, EvalOptions, load_evaluation_model, resolve_tasks
-    from docembed.models.registry import models_home
-    from docembed.runtime import log
+    from docembed.evaluation import EvalOptions, get_evaluator, load_evaluation_model, resolve_tasks
+    from docembed.runtime import log, models_home
 
     out_dir = pathlib.Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -182,7 +211,7 @@ def main(
             if task not in wanted_tasks:
                 continue
             options = EvalOptions(limit=limits[task], fast=not full, seed=1111)
-            evaluator = TASKS[task](options)
+            evaluator = get_evaluator(task, options)
             started = time.perf_counter()
             try:
                 if model_name == "pv":
@@ -209,6 +238,7 @@ def main(
             (out_dir / "bench_quality.partial.json").write_text(json.dumps(result, indent=2) + "\n")
     if measure_throughput:
         result["throughput"] = throughput(list(result["results"]), 100 if quick else 500)
+    result["paired_differences"] = paired_differences(result["results"])
     result["load_after"] = os.getloadavg()
     result["seconds"] = round(time.perf_counter() - started_run, 1)
     (out_dir / "bench_quality.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -269,6 +299,7 @@ def merge_parts(out_dir, part_dirs, names=None, measure_throughput=True, seconds
         "part_seconds": [part.get("seconds") for part in parts],
         "threads_each": 1,
     }
+    result["paired_differences"] = paired_differences(result["results"])
     if measure_throughput:
         result["throughput"] = throughput(list(result["results"]), 100 if result.get("quick") else 500)
     result["load_after"] = os.getloadavg()
@@ -285,7 +316,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true")
     parser.add_argument("--quick", action="store_true", help="small subsets: checks the pipeline in minutes")
-    parser.add_argument("--out", default="bench/results")
+    # a working folder (git-ignored, like run.py's): its JSON keeps the per-item values
+    parser.add_argument("--out", default=f"bench/results/{time.strftime('%Y-%m-%d')}")
     parser.add_argument("--models", help="comma-separated subset of: " + ", ".join(PLAN))
     parser.add_argument("--tasks", help="comma-separated task names or groups")
     parser.add_argument("--jobs", type=int, help="processes (one thread each); default $BENCH_JOBS or 2")

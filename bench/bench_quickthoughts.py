@@ -51,23 +51,6 @@ REFERENCE = {
 REFERENCE_GRID = tuple(2.0**t for t in range(0, 9))
 
 
-def cv_accuracy_with_grid(features, labels, outer_folds, inner_folds, grid, seed=1111) -> dict:
-    """The harness protocol (stratified outer folds, C by inner CV) with another C grid."""
-    import numpy as np
-    from sklearn.linear_model import LogisticRegression
-
-    from docembed.evaluation.probes import choose_c, stratified_folds
-
-    labels = np.asarray(labels)
-    accuracies, chosen = [], []
-    for train, test in stratified_folds(labels, outer_folds, seed):
-        c = choose_c(features[train], labels[train], grid, inner_folds, seed)
-        probe = LogisticRegression(C=c, max_iter=2000, random_state=seed).fit(features[train], labels[train])
-        accuracies.append(probe.score(features[test], labels[test]))
-        chosen.append(c)
-    return {"accuracy": float(np.mean(accuracies)), "accuracy_std": float(np.std(accuracies)), "c": chosen}
-
-
 def evaluate_model(
     spec: str,
     inner_folds: int,
@@ -79,7 +62,7 @@ def evaluate_model(
 ) -> dict:
     """Every task's primary score for one model, plus timings and (for trained models) the training run."""
     from docembed.evaluation import EvalOptions, get_evaluator, load_evaluation_model
-    from docembed.evaluation.probes import senteval_cv_accuracy
+    from docembed.evaluation.probes import SENTEVAL_GRID, senteval_cv_accuracy
 
     model = load_evaluation_model(spec)
     options = EvalOptions(limit=limit, seed=1111, batch_size=128, cache=False)
@@ -93,13 +76,11 @@ def evaluate_model(
     for name in (t for t in SENTEVAL if t in tasks):
         task = get_evaluator(name, options)
         started = time.perf_counter()
-        texts, labels = task._load()
+        texts, labels = task.sentences, task.labels
         features = task.embed_for_probe(model, texts)
         embed_seconds = time.perf_counter() - started
-        if grid == "reference":
-            result = cv_accuracy_with_grid(features, labels, outer_folds, inner_folds, REFERENCE_GRID)
-        else:
-            result = senteval_cv_accuracy(features, labels, outer_folds, inner_folds, seed=1111)
+        c_grid = REFERENCE_GRID if grid == "reference" else SENTEVAL_GRID
+        result = senteval_cv_accuracy(features, labels, outer_folds, inner_folds, seed=1111, grid=c_grid)
         entry["scores"][name] = round(100.0 * result["accuracy"], 2)
         entry["details"][name] = {
             "accuracy_std": round(100.0 * result["accuracy_std"], 2),

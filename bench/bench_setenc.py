@@ -153,10 +153,10 @@ def _throughput(encode, texts: list[str]) -> float:
 
 def _test_split(limit: int | None, seed: int):
     from docembed import datasets
-    from docembed.evaluation.tasks import _subset
+    from docembed.evaluation.statistics import sample_indices
 
     rows = list(datasets.records("20newsgroups/test"))
-    keep = _subset(len(rows), limit, np.random.default_rng(seed), [r["label"] for r in rows])
+    keep = sample_indices(len(rows), limit, np.random.default_rng(seed), [r["label"] for r in rows])
     return [rows[i]["text"] for i in keep], [rows[i]["label"] for i in keep], [rows[i]["id"] for i in keep]
 
 

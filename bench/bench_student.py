@@ -46,7 +46,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = Path(os.environ.get("DOCEMBED_STUDENT_RUNS", ROOT / "runs"))
 DATA = RUNS / "student-data"
-LONG = 512  # student tokens above which a document counts as long
 EVAL_MAX_LENGTH = 1024  # student tokens read at evaluation (the students were trained at this length)
 
 
@@ -56,19 +55,11 @@ def _sizes(full: bool) -> dict[str, int]:
     return {"distill_per_set": 40, "probe_train": 40, "test_random": 30, "test_long_extra": 10}
 
 
-def _student_lengths(texts: list[str]) -> np.ndarray:
-    from transformers import AutoTokenizer
-
-    from docembed.models.offline import minilm_path
-
-    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
-    return np.array([len(ids) for ids in tokenizer(texts, truncation=False)["input_ids"]])
-
-
 def prepare(data_dir: Path = DATA, full: bool = True, seed: int = 0) -> dict[str, Path]:
     """Seeded subsets: the distillation corpus (IMDB + 20NG train), probe-train sets disjoint from it, and
     test samples. Written once as JSONL under data_dir (git-ignored runs/)."""
     from docembed.datasets import records
+    from docembed.evaluation.statistics import LONG_DOCUMENT_TOKENS, minilm_lengths
 
     sizes = _sizes(full)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -91,8 +82,9 @@ def prepare(data_dir: Path = DATA, full: bool = True, seed: int = 0) -> dict[str
         for r in sample:
             r["sample"] = "random"
         rest = test[sizes["test_random"] : sizes["test_random"] + 40 * sizes["test_long_extra"]]
-        lengths = _student_lengths([r["text"] for r in rest])
-        extra = [r for r, n in zip(rest, lengths, strict=True) if n > LONG][: sizes["test_long_extra"]]
+        lengths = minilm_lengths([r["text"] for r in rest])
+        long = [r for r, n in zip(rest, lengths, strict=True) if n > LONG_DOCUMENT_TOKENS]
+        extra = long[: sizes["test_long_extra"]]
         for r in extra:
             r["sample"] = "long-extra"
         _write(paths[f"{name}-probe"], probe)
@@ -132,53 +124,28 @@ def model_specs() -> dict[str, str]:
     return {
         "student-before": str(RUNS / "student-before"),
         "sbert (teacher)": "sbert",
-        "sbert-chunked-256": "sbert-chunked",
+        "sbert-chunked-256": "sbert-chunks",
         "pv (teacher)": str(RUNS / "student-pv-teacher"),
         **{f"student-{t}": str(RUNS / f"{STUDENT_PREFIX}{t}") for t in ("sbert", "pv", "both")},
     }
 
 
-class ChunkedSBert:
-    """SBERT over consecutive 256-token chunks of the whole document, chunk vectors averaged."""
+def cut_to_tokens(texts: list[str], max_tokens: int) -> list[str]:
+    """Each text cut to its first `max_tokens` MiniLM tokens ([CLS] and [SEP] included): what the
+    students read at evaluation, so the chunked SBERT baseline reads the same text."""
+    from transformers import AutoTokenizer
 
-    def __init__(self, max_tokens: int | None = None):
-        from docembed.models.registry import load_model
+    from docembed.models.offline import minilm_path
 
-        self.sbert = load_model("sbert")
-        self.tokenizer = self.sbert.tokenizer
-        self.chunk = self.sbert.max_seq_length - 2
-        self.max_tokens = max_tokens
-
-    def chunks(self, text: str) -> list[str]:
-        ids = self.tokenizer(text, add_special_tokens=False, truncation=False)["input_ids"]
-        if self.max_tokens:
-            ids = ids[: self.max_tokens - 2]
-        pieces = [ids[i : i + self.chunk] for i in range(0, max(len(ids), 1), self.chunk)]
-        return [self.tokenizer.decode(p) for p in pieces]
-
-    name = "sbert-chunked"
-
-    def metadata(self) -> dict:
-        return {"model": self.name, "max_tokens": self.max_tokens, "chunk": self.chunk}
-
-    def encode(self, texts, batch_size: int = 16) -> np.ndarray:
-        from docembed.types import l2_normalize
-
-        parts = [self.chunks(t) for t in texts]
-        flat = [c for p in parts for c in p]
-        vectors = self.sbert.encode(flat, batch_size=batch_size)
-        out, start = [], 0
-        for p in parts:
-            out.append(vectors[start : start + len(p)].mean(0))
-            start += len(p)
-        return l2_normalize(np.stack(out))
+    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
+    ids = tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+    return [tokenizer.decode(row[: max_tokens - 2]) for row in ids]
 
 
-def _load(spec: str):
+def load_bench_model(spec: str):
+    """The model of `spec`; students read at most EVAL_MAX_LENGTH tokens."""
     from docembed.models.registry import load_model
 
-    if spec == "sbert-chunked":
-        return ChunkedSBert(EVAL_MAX_LENGTH)
     model = load_model(spec)
     if getattr(model, "family", "") == "student":
         model.config.max_length = min(model.config.max_length, EVAL_MAX_LENGTH)
@@ -189,12 +156,17 @@ def _embeddings(name: str, spec: str, split: str, texts: list[str], cache: Path)
     """Embeddings of one split, from docembed's embedding cache under runs/ (keyed by model identity)."""
     from docembed.encoding import EmbeddingCache
 
-    return np.asarray(EmbeddingCache(cache).vectors(_load(spec), texts, batch_size=8), dtype=np.float32)
+    if spec == "sbert-chunks":  # SBERT's 256-token windows over the text the students read
+        texts = cut_to_tokens(texts, EVAL_MAX_LENGTH)
+    model = load_bench_model(spec)
+    return np.asarray(EmbeddingCache(cache).vectors(model, texts, batch_size=8), dtype=np.float32)
 
 
 def quality(out_dir: Path, full: bool, only: list[str] | None = None) -> dict:
-    from docembed.evaluation.metrics import average_precision_at_k
     from docembed.evaluation.probes import train_test_predictions
+    from docembed.evaluation.retrieval import label_retrieval
+    from docembed.evaluation.statistics import LONG_DOCUMENT_TOKENS, minilm_lengths
+    from docembed.scoring import cosine_matrix
 
     paths = prepare(DATA if full else RUNS / "student-data-small", full)
     # Embedding caches are run-time data: under runs/ (git-ignored), not beside the results.
@@ -213,26 +185,21 @@ def quality(out_dir: Path, full: bool, only: list[str] | None = None) -> dict:
             x_test = _embeddings(name, spec, f"{dataset}-test", [r["text"] for r in test], cache)
             y_train = np.array([r["label"] for r in probe])
             y_test = np.array([r["label"] for r in test])
-            lengths = _student_lengths([r["text"] for r in test])
+            lengths = minilm_lengths([r["text"] for r in test])
             predicted, _ = train_test_predictions(x_train, y_train, x_test)
             correct = predicted == y_test
             is_random = np.array([r.get("sample") == "random" for r in test])
-            is_long = lengths > LONG
+            is_long = lengths > LONG_DOCUMENT_TOKENS
             row[f"{dataset}_acc_all"] = round(float(correct[is_random].mean()), 4)
             row[f"{dataset}_acc_long"] = round(float(correct[is_long].mean()), 4)
             row[f"{dataset}_n_all"], row[f"{dataset}_n_long"] = int(is_random.sum()), int(is_long.sum())
             if dataset == "20ng":
+                # the harness's query-by-document retrieval (seeded tie order), as a fraction like the rest
                 x = x_test[is_random]
-                y = y_test[is_random]
-                x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-                scores = x @ x.T
-                np.fill_diagonal(scores, -np.inf)
-                aps = []
-                for i in range(len(x)):
-                    order = np.argsort(-scores[i], kind="stable")[: len(x) - 1]
-                    relevant = y[order] == y[i]
-                    aps.append(average_precision_at_k(relevant, 100))
-                row["20ng_map@100"] = round(float(np.mean(aps)), 4)
+                retrieval = label_retrieval(
+                    cosine_matrix(x, x), y_test[is_random], np.random.default_rng(1111)
+                )
+                row["20ng_map@100"] = round(retrieval["map@100"] / 100.0, 4)
         results[name] = row
         print(name, row, file=sys.stderr, flush=True)
     return results
@@ -243,13 +210,12 @@ _PROBE = r"""
 import json, sys, time, torch
 torch.set_num_threads(int(sys.argv[4]))
 sys.path.insert(0, sys.argv[5])
-from bench_student import ChunkedSBert
 from docembed.models.registry import load_model
 kind, length, docs = sys.argv[1], int(sys.argv[2]), json.loads(open(sys.argv[3]).read())
 if kind == "student":
     model = load_model(sys.argv[6]); model.config.max_length = length
 else:
-    model = ChunkedSBert(length)
+    model = load_model("sbert-chunks")  # the documents are already cut to `length` tokens
 def status(field):
     for line in open("/proc/self/status"):
         if line.startswith(field):
@@ -339,12 +305,14 @@ def main(
     parts: tuple[str, ...] = ("quality", "throughput", "training"),
     only: list[str] | None = None,
 ) -> dict:
+    from docembed.evaluation.statistics import LONG_DOCUMENT_TOKENS
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     result: dict = {
         "full": full,
         "eval_max_length": EVAL_MAX_LENGTH,
-        "long_threshold": LONG,
+        "long_threshold": LONG_DOCUMENT_TOKENS,
         "sizes": _sizes(full),
     }
     student_dir = RUNS / "student-before"

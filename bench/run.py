@@ -1,22 +1,27 @@
 """`make bench`: the leaderboard. Runs bench/bench_quality.py (every built-in and every baseline on every
-task, one table) and bench/bench_speed.py by default, merges their dicts into bench/results/<date>.json, and
-renders docs/results.md from it: the one results page (`make bench-quick` checks the pipeline in minutes).
+task, one table) and bench/bench_speed.py by default, merges their summaries into bench/results/<date>.json,
+and renders docs/results.md from it: the one results page.
 
     .venv/bin/python bench/run.py                 # the leaderboard + speed, modest subsets
-    .venv/bin/python bench/run.py --quick         # small subsets: minutes, for checking
+    .venv/bin/python bench/run.py --quick         # small subsets, minutes: bench/results/quick/, not the page
     .venv/bin/python bench/run.py --full          # the full data sets (hours on a CPU)
     .venv/bin/python bench/run.py --only nugget,student   # family benches (any bench/bench_*.py; `all`)
     .venv/bin/python bench/run.py --report-only   # re-render docs/results.md from the latest results file
     .venv/bin/python bench/run.py --import-result speed=DIR/bench_speed.json   # add a standalone run
 
+What is committed: bench/results/<date>.json holds summaries only. Per-item values (`per_item`: each
+document's or query's score, which the paired standard errors need) go to bench/results/items/<date>.json.gz,
+which git ignores; the paired differences computed from them at run time stay in the summary, so the page
+renders from the summary alone. Each module's own working files go to bench/results/<date>/ (ignored too).
 A run with --only merges into the same day's results file, keeping the other modules' earlier entries.
-Each module also writes its own JSON into bench/results/<date>/.
+bench/results/CHANGELOG.md (by hand: what replaced what, the old headline number) ends the page.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gzip
 import importlib.util
 import inspect
 import json
@@ -28,9 +33,13 @@ import sys
 import time
 import traceback
 
+from docembed.evaluation.report import LEADERBOARD_ROWS, format_cell, format_number, markdown_table
+
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 RESULTS_DIR = BENCH_DIR / "results"
+QUICK_DIR = RESULTS_DIR / "quick"  # `--quick` runs check the pipeline: their results and page stay here
+CHANGELOG = RESULTS_DIR / "CHANGELOG.md"
 DOCS_PAGE = ROOT / "docs" / "results.md"
 # What `make bench` runs; the family benches (nugget, student, setenc, ...) run with --only.
 DEFAULT_MODULES = ("quality", "speed")
@@ -68,6 +77,78 @@ REFERENCE_NOTES = [
 ]
 
 
+# "Which model for what": the job, the leaderboard cell that measures it, the model we recommend and why. The
+# page fills in the numbers from the results; a row whose model another one now beats says so (`cheap` rows
+# are chosen for speed and only compared).
+JOBS = [
+    {
+        "job": "short-text similarity",
+        "task": "stsb",
+        "metric": "spearman",
+        "use": "sbert",
+        "why": "all-MiniLM-L6-v2 as published; the student keeps its quality on short texts but is slower.",
+    },
+    {
+        "job": "document paraphrase / near-duplicate ranking",
+        "task": "paraphrase-identification",
+        "metric": "mrr",
+        "use": "bm25",
+        "why": "word overlap decides this set: a baseline wins (tfidf is level and gives vectors); "
+        "nugget is the best learned model.",
+    },
+    {
+        "job": "long documents: find similar ones",
+        "task": "20newsgroups-long",
+        "metric": "map@100",
+        "use": "student",
+        "why": "reads 2,048 tokens, where sbert reads 256 and sbert-chunks averages windows.",
+    },
+    {
+        "job": "long reviews: find similar ones",
+        "task": "imdb-long",
+        "metric": "map@100",
+        "use": "student",
+        "why": "as above; on reviews pv is the closest baseline.",
+    },
+    {
+        "job": "long documents: classification (linear probe)",
+        "task": "20newsgroups-long",
+        "metric": "accuracy",
+        "use": "tfidf",
+        "why": "level with the student within the paired SE (on IMDB too), hundreds of times faster.",
+    },
+    {
+        "job": "long documents: find a document's other half",
+        "task": "halves",
+        "metric": "mrr",
+        "use": "tfidf",
+        "why": "the halves share rare words, which is what tf-idf measures; a baseline wins.",
+    },
+    {
+        "job": "topic retrieval, documents of any length",
+        "task": "20newsgroups-retrieval",
+        "metric": "map@100",
+        "use": "sbert",
+        "why": "sbert-chunks is level and slower; the student has not run the all-lengths tasks.",
+    },
+    {
+        "job": "review sentiment, any length",
+        "task": "imdb",
+        "metric": "accuracy",
+        "use": "quickthoughts",
+        "why": "sentence encoders averaged over the whole review; a GRU, fast on a CPU.",
+    },
+    {
+        "job": "cheapest on a CPU",
+        "task": "imdb",
+        "metric": "accuracy",
+        "use": "tfidf",
+        "cheap": True,
+        "why": "thousands of docs/s on one thread, fitted on your corpus; glove-avg is as fast but weaker.",
+    },
+]
+
+
 def discover() -> dict[str, pathlib.Path]:
     """bench_<name>.py modules in bench/, by name."""
     return {p.stem.removeprefix("bench_"): p for p in sorted(BENCH_DIR.glob("bench_*.py"))}
@@ -84,6 +165,49 @@ def _load_module(name: str, path: pathlib.Path):
     return module
 
 
+def split_items(value, path: str = "") -> tuple[object, dict[str, dict]]:
+    """`value` without its `per_item` entries, and those entries by their path ("results/student/halves/
+    metrics"): the summary that is committed and the per-item values that are not."""
+    if isinstance(value, dict):
+        summary, items = {}, {}
+        for key, child in value.items():
+            if key == "per_item":
+                items[path] = child
+                continue
+            summary[key], found = split_items(child, f"{path}/{key}" if path else str(key))
+            items.update(found)
+        return summary, items
+    if isinstance(value, list):
+        pairs = [split_items(child, f"{path}/{i}") for i, child in enumerate(value)]
+        return [p[0] for p in pairs], {k: v for p in pairs for k, v in p[1].items()}
+    return value, {}
+
+
+def items_path(results_path: pathlib.Path) -> pathlib.Path:
+    """Where the per-item values of a results file live (git-ignored)."""
+    return results_path.parent / "items" / f"{results_path.stem}.json.gz"
+
+
+def save_items(results_path: pathlib.Path, name: str, items: dict) -> None:
+    path = items_path(results_path)
+    stored = json.loads(gzip.decompress(path.read_bytes())) if path.exists() else {}
+    stored[name] = items
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(json.dumps(stored).encode()))
+
+
+def _store(target: pathlib.Path, name: str, entry: dict, merged: dict) -> None:
+    """Put one module's entry into the day's results file: its summary there, its per-item values beside."""
+    summary, items = split_items(entry["result"])
+    if items:
+        save_items(target, name, items)
+    # re-read before writing: another `run.py --only` may have finished a module in the meantime
+    if target.exists():
+        merged["benchmarks"] = json.loads(target.read_text()).get("benchmarks", {})
+    merged["benchmarks"][name] = {**entry, "result": summary}
+    target.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+
+
 def run(only: list[str] | None, full: bool, quick: bool = False) -> pathlib.Path:
     modules = discover()
     if only == ["all"]:
@@ -93,8 +217,9 @@ def run(only: list[str] | None, full: bool, quick: bool = False) -> pathlib.Path
     if unknown:
         raise SystemExit(f"unknown benchmark(s): {', '.join(unknown)}; available: {', '.join(modules)}")
     date = dt.date.today().isoformat()
-    target = RESULTS_DIR / f"{date}.json"
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    results_dir = QUICK_DIR if quick else RESULTS_DIR
+    target = results_dir / f"{date}.json"
+    results_dir.mkdir(parents=True, exist_ok=True)
     merged = json.loads(target.read_text()) if target.exists() else {"date": date, "benchmarks": {}}
     merged["machine"] = {
         "cpus": os.cpu_count(),
@@ -102,7 +227,6 @@ def run(only: list[str] | None, full: bool, quick: bool = False) -> pathlib.Path
         "platform": platform.platform(),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
     }
-    fresh: dict[str, dict] = {}
     for name, path in modules.items():
         if only and name not in only:
             continue
@@ -111,110 +235,113 @@ def run(only: list[str] | None, full: bool, quick: bool = False) -> pathlib.Path
         try:
             main = _load_module(name, path).main
             extra = {"quick": True} if quick and "quick" in inspect.signature(main).parameters else {}
-            entry = main(RESULTS_DIR / date, full, **extra)
+            result = main(results_dir / date, full, **extra)
         except Exception as error:  # one module failing must not lose the others' results
-            entry = {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc(limit=5)}
+            result = {"error": f"{type(error).__name__}: {error}", "trace": traceback.format_exc(limit=5)}
         seconds = round(time.perf_counter() - started, 1)
-        fresh[name] = {
+        entry = {
             "full": full,
             "quick": quick,
             "seconds": seconds,
             "finished": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "result": entry,
+            "result": result,
         }
-        # re-read before writing: another `run.py --only` may have finished a module in the meantime
-        if target.exists():
-            merged["benchmarks"] = json.loads(target.read_text()).get("benchmarks", {})
-        merged["benchmarks"].update(fresh)
-        target.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+        _store(target, name, entry, merged)
         print(f"[bench] {name} done in {seconds}s", file=sys.stderr, flush=True)
     return target
 
 
 # --- markdown ----------------------------------------------------------------------------------------------
-def _fmt(value, digits: int = 2) -> str:
-    if value is None:
-        return "–"
-    if isinstance(value, float):
-        return f"{value:.{digits}f}"
-    return str(value)
+def _shipped() -> list[str]:
+    from docembed.models.registry import BUILTIN
+
+    return [name for name, entry in BUILTIN.items() if entry.shipped]
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(_fmt(c) for c in row) + " |" for row in rows]
-    return lines
+def _score(results: dict, model: str, task: str, metric: str) -> float | None:
+    outcome = results.get(model, {}).get(task) or {}
+    return outcome.get("metrics", {}).get(metric)
 
 
-def _cell(outcome: dict | None, metric: str | None = None) -> str:
-    if outcome is None:
-        return "–"
-    if "error" in outcome:
-        return "error"
-    if "missing" in outcome:
-        return "missing"
-    value = outcome["metrics"].get(metric) if metric else outcome.get("score")
-    error = outcome["metrics"].get(f"{metric}_se") if metric else None
-    return _fmt(value) if error is None else f"{_fmt(value)} ± {_fmt(error, 1)}"
+def _paired(quality: dict, model: str, other: str, task: str, metric: str) -> str:
+    """`model` minus `other` with its paired standard error, from whichever side the run compared."""
+    differences = quality.get("paired_differences", {})
+    for first, second, sign in ((model, other, 1), (other, model, -1)):
+        found = differences.get(first, {}).get(task, {}).get(metric, {}).get(second)
+        if found:
+            return f"{sign * found['diff']:+.2f} ± {found['se']:.2f}"
+    return "–"
 
 
-LONG_TASKS = (
-    ("imdb-long", "accuracy"),
-    ("imdb-long", "map@100"),
-    ("20newsgroups-long", "accuracy"),
-    ("20newsgroups-long", "map@100"),
-    ("halves", "mrr"),
-)
-
-
-def _paired_differences(results: dict, model: str) -> list[str]:
-    """`model` minus each other model on the long-document tasks, with the standard error of the paired
-    difference (the same documents: per-item values), so "beats" means more than noise."""
-    import numpy as np
-
-    if model not in results:
-        return []
+def render_jobs(quality: dict) -> list[str]:
+    """The table a reader chooses from: per job the recommended model's score, the best model of the other
+    kind (a baseline for a zoo model, the best zoo model for a baseline), the paired difference, docs/s."""
+    results = quality.get("results", {})
+    shipped = [m for m in _shipped() if m in results]
+    speeds = quality.get("throughput", {}).get("rows", {})
     rows = []
-    for task, metric in LONG_TASKS:
-        mine = results[model].get(task, {}).get("metrics", {}).get("per_item", {}).get(metric)
+    for job in JOBS:
+        task, metric, use = job["task"], job["metric"], job["use"]
+        mine = _score(results, use, task, metric)
         if mine is None:
             continue
-        cells = []
-        for other in results:
-            theirs = results[other].get(task, {}).get("metrics", {}).get("per_item", {}).get(metric)
-            if other == model or theirs is None or len(theirs) != len(mine):
-                cells.append("–")
-                continue
-            diff = 100.0 * (np.asarray(mine) - np.asarray(theirs))
-            cells.append(f"{diff.mean():+.2f} ± {diff.std(ddof=1) / np.sqrt(len(diff)):.2f}")
-        rows.append([f"{task} {metric} (n={len(mine)})", *cells])
-    if not rows:
+        others = [m for m in results if (m in shipped) != (use in shipped)]
+        scored = [(s, m) for m in others if (s := _score(results, m, task, metric)) is not None]
+        best_other = max(scored)[1] if scored else None
+        everyone = [(s, m) for m in results if (s := _score(results, m, task, metric)) is not None]
+        why = job["why"]
+        top_score, top = max(everyone)
+        if round(top_score, 2) > round(mine, 2) and not job.get("cheap"):
+            why += f" (now behind {top}: {format_number(top_score)})"
+        label = next(lbl for t, m, lbl in LEADERBOARD_ROWS if (t, m) == (task, metric))
+        rows.append(
+            [
+                job["job"],
+                label.split(" ±")[0],
+                f"`{use}`",
+                format_number(mine),
+                "–"
+                if best_other is None
+                else f"`{best_other}` {format_number(_score(results, best_other, task, metric))}",
+                "–" if best_other is None else _paired(quality, use, best_other, task, metric),
+                format_number((speeds.get(use) or {}).get("docs_per_s"), 1),
+                why,
+            ]
+        )
+    if not rows:  # a partial run (--models, --tasks) measures none of the jobs
         return []
-    header = f"{model} minus each model on the long-document tasks (paired standard error):"
-    return ["", header, "", *_table(["task", *results], rows)]
+    return [
+        "## Which model for what",
+        "",
+        "Scores x100 from the leaderboard below (the same run); `compared with` is the best baseline for a "
+        "zoo model (`" + "`, `".join(shipped) + "`) and the best zoo model for a baseline; `paired` is the "
+        "difference on the same documents with its standard error, where the run kept per-item values; "
+        "docs/s: encoding, one thread.",
+        "",
+        *markdown_table(
+            ["job", "measured by", "use", "score", "compared with", "paired", "docs/s", "why"], rows
+        ),
+        "",
+    ]
 
 
-QUALITY_ROWS = [
-    ("paraphrase-identification", "mrr", "PI dev MRR"),
-    ("mr", "accuracy", "MR acc"),
-    ("cr", "accuracy", "CR acc"),
-    ("subj", "accuracy", "SUBJ acc"),
-    ("mpqa", "accuracy", "MPQA acc"),
-    ("stsb", "spearman", "STS-B Spearman"),
-    ("sick", "spearman", "SICK-R Spearman"),
-    ("imdb", "accuracy", "IMDB acc"),
-    ("imdb", "accuracy_long", "IMDB acc, >512 tokens"),
-    ("20newsgroups", "accuracy", "20NG acc"),
-    ("20newsgroups", "accuracy_long", "20NG acc, >512 tokens"),
-    ("20newsgroups-retrieval", "map@100", "20NG MAP@100"),
-    ("20newsgroups-retrieval", "p@10", "20NG P@10"),
-    ("20newsgroups-retrieval", "knn_accuracy", "20NG kNN acc (k=10)"),
-    ("imdb-long", "accuracy", "IMDB >512 tokens: acc ± SE"),
-    ("imdb-long", "map@100", "IMDB >512 tokens: MAP@100 ± SE"),
-    ("20newsgroups-long", "accuracy", "20NG >512 tokens: acc ± SE"),
-    ("20newsgroups-long", "map@100", "20NG >512 tokens: MAP@100 ± SE"),
-    ("halves", "mrr", "first half -> second half MRR ± SE"),
-]
+def render_paired(quality: dict) -> list[str]:
+    """Each zoo model minus every other model, per task and metric, on the same items."""
+    lines = []
+    for model, tasks in quality.get("paired_differences", {}).items():
+        others = list(
+            dict.fromkeys(o for metrics in tasks.values() for cells in metrics.values() for o in cells)
+        )
+        rows = []
+        for task, metrics in tasks.items():
+            for metric, cells in metrics.items():
+                n = next(iter(cells.values()))["n"]
+                row = [f"{task} {metric} (n={n})"]
+                row += [f"{c['diff']:+.2f} ± {c['se']:.2f}" if (c := cells.get(o)) else "–" for o in others]
+                rows.append(row)
+        lines += ["", f"`{model}` minus each model on the same items (paired standard error):", ""]
+        lines += markdown_table(["task", *others], rows)
+    return lines
 
 
 def render_quality(quality: dict) -> list[str]:
@@ -231,15 +358,15 @@ def render_quality(quality: dict) -> list[str]:
     lines += [
         f"One run of `make bench` ({quality.get('seconds', '?')} s{', ' + mode if mode else ''}). "
         f"Subsets (seed {quality.get('seed')}): {sizes}. SentEval folds: {quality.get('senteval_folds')}.",
-        "All numbers x100 except the last row. `–` = not run for that model; `missing` = not available "
+        "All numbers x100 except docs/s. `–` = not run for that model; `missing` = not available "
         "(a shipped built-in whose weights are not exported yet, or an optional family).",
         "",
     ]
     parts_note = quality.get("parallel", {}).get("note")
-    if parts_note:  # parts run by hand after the main run (a retrained model, an added row) say so
+    if parts_note:  # parts run by hand after the main run (a retrained model) say so
         lines[-1:-1] = [f"Parts: {parts_note}."]
     rows = []
-    for task, metric, label in QUALITY_ROWS:
+    for task, metric, label in LEADERBOARD_ROWS:
         if not any(task in results[m] for m in models):
             continue
         refs = (
@@ -247,26 +374,29 @@ def render_quality(quality: dict) -> list[str]:
             if metric in ("mrr", "accuracy", "spearman")
             else ""
         )
-        rows.append([label, *[_cell(results[m].get(task), metric) for m in models], refs])
+        rows.append([label, *[format_cell(results[m].get(task), metric) for m in models], refs])
     speed = quality.get("throughput", {})
     if speed.get("rows"):
         cells = []
         for m in models:
             row = speed["rows"].get(m)
             cells.append(
-                "–" if row is None else ("missing" if "missing" in row else _fmt(row["docs_per_s"], 1))
+                "–"
+                if row is None
+                else ("missing" if "missing" in row else format_number(row["docs_per_s"], 1))
             )
         rows.append([f"encode docs/s ({speed.get('data')}, {speed.get('threads')} thread(s))", *cells, ""])
-    lines += _table(["task", *models, "published reference"], rows)
+    lines += markdown_table(["task", *models, "published reference"], rows)
     lines += ["", *[f"- {note}" for note in REFERENCE_NOTES]]
-    lines += _paired_differences(results, "student")
+    lines += render_paired(quality)
+    fitted = ("tfidf fitted", "bm25 fitted", "pv trained")
     notes = sorted(
         {
             n
             for m in models
             for o in results[m].values()
             for n in o.get("notes", [])
-            if not n.startswith(("tfidf fitted", "bm25 fitted", "pv trained"))
+            if not n.startswith(fitted)
         }
     )
     fits = sorted(
@@ -275,9 +405,10 @@ def render_quality(quality: dict) -> list[str]:
             for m in models
             for o in results[m].values()
             for n in o.get("notes", [])
-            if n.startswith(("tfidf fitted", "bm25 fitted", "pv trained"))
+            if n.startswith(fitted)
         }
     )
+    lines += [""]
     if fits:
         lines += ["- tfidf / bm25 / pv are fitted or trained per task on: " + "; ".join(fits) + "."]
     lines += [f"- {n}" for n in notes]
@@ -290,7 +421,7 @@ def render_quality(quality: dict) -> list[str]:
         "<details><summary>seconds per cell (wall clock of the cell; embeddings already in the cache under "
         "$DOCEMBED_HOME/cache/embeddings are not recomputed)</summary>",
         "",
-        *_table(["model", "task", "seconds"], seconds),
+        *markdown_table(["model", "task", "seconds"], seconds),
         "",
         "</details>",
         "",
@@ -327,7 +458,7 @@ def render_speed(speed: dict) -> list[str]:
             rows = part.get(rows_key)
             if rows:
                 header = list(rows[0])
-                lines += _table(header, [[r.get(h) for h in header] for r in rows]) + [""]
+                lines += markdown_table(header, [[r.get(h) for h in header] for r in rows]) + [""]
         lines += [
             f"- {k}: {part.get(k)}"
             for k in ratio_keys + ["max_abs_difference", "faiss_build_seconds"]
@@ -353,55 +484,80 @@ def render_generic(name: str, entry) -> list[str]:
     ]
 
 
-def render(results_path: pathlib.Path) -> str:
+def _machine(machine: dict | None) -> str:
+    if not machine:
+        return "an unrecorded machine"
+    return (
+        f"{machine.get('cpus')} CPUs, Python {machine.get('python')}, "
+        f"OMP_NUM_THREADS={machine.get('OMP_NUM_THREADS')}"
+    )
+
+
+def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELOG) -> str:
+    """The results page from a summary file alone (plus the hand-kept changelog)."""
     merged = json.loads(results_path.read_text())
+    try:
+        shown = results_path.relative_to(ROOT)
+    except ValueError:
+        shown = results_path
     lines = [
         "# Benchmark results",
         "",
-        f"Generated by `python bench/run.py --report-only` from `{results_path.relative_to(ROOT)}` "
-        f"(machine: {merged.get('machine')}). Do not edit by hand.",
+        f"Generated by `python bench/run.py --report-only` from `{shown}` "
+        f"({_machine(merged.get('machine'))}). Do not edit by hand.",
         "",
     ]
-    # the leaderboard first, then speed, then the family benches
-    benchmarks = sorted(
-        merged.get("benchmarks", {}).items(), key=lambda kv: (kv[0] != "quality", kv[0] != "speed")
-    )
-    for name, entry in benchmarks:
+    benchmarks = merged.get("benchmarks", {})
+    quality = benchmarks.get("quality", {}).get("result", {})
+    if quality.get("results"):
+        lines += render_jobs(quality)
+    # the leaderboard first, then speed, then the changelog, then the family benches
+    ordered = sorted(benchmarks.items(), key=lambda kv: (kv[0] != "quality", kv[0] != "speed"))
+    family = []
+    for name, entry in ordered:
         result = entry.get("result", {})
         origin = f"imported from {entry['imported_from']}" if entry.get("imported_from") else "run by run.py"
-        lines += [
+        section = [
             f"<!-- {name}: {entry.get('seconds')} s, finished {entry.get('finished')}, "
             f"full={entry.get('full')}, {origin} -->"
         ]
         if "error" in result:
-            lines += [f"## {name}", "", f"Failed: {result['error']}", ""]
+            section += [f"## {name}", "", f"Failed: {result['error']}", ""]
         elif name == "quality":
-            lines += render_quality(result)
+            section += render_quality(result)
         elif name == "speed":
-            lines += render_speed(result)
+            section += render_speed(result)
         else:
-            lines += render_generic(name, result)
+            family += section + render_generic(name, result)
+            continue
+        lines += section
+    if changelog is not None and changelog.exists():
+        lines += [changelog.read_text(encoding="utf-8").rstrip(), ""]
+    if family:
+        lines += ["## Family benches", "", "Each family bench's own results file, folded.", "", *family]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def latest_results() -> pathlib.Path:
+def latest_results(results_dir: pathlib.Path = RESULTS_DIR) -> pathlib.Path:
     # only run.py's own dated files (other modules may keep their own JSON files in bench/results/)
-    files = sorted(p for p in RESULTS_DIR.glob("*.json") if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem))
+    files = sorted(p for p in results_dir.glob("*.json") if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem))
     if not files:
         raise SystemExit("no results yet: run `make bench` first")
     return files[-1]
 
 
 def write_report(results_path: pathlib.Path) -> None:
-    """docs/results.md is the one rendering of the results (the JSON beside it is the data)."""
-    DOCS_PAGE.parent.mkdir(parents=True, exist_ok=True)
-    DOCS_PAGE.write_text(render(results_path))
-    print(f"[bench] wrote {DOCS_PAGE} from {results_path.relative_to(ROOT)}", file=sys.stderr)
+    """docs/results.md is the one rendering of the results (the JSON beside it is the data); a quick run's
+    page stays beside its results."""
+    page = DOCS_PAGE if results_path.parent == RESULTS_DIR else results_path.parent / "results.md"
+    page.parent.mkdir(parents=True, exist_ok=True)
+    page.write_text(render(results_path))
+    print(f"[bench] wrote {page} from {results_path}", file=sys.stderr)
 
 
 def import_result(spec: str) -> pathlib.Path:
     """Merge the JSON a module wrote in a standalone run (`bench/bench_x.py --out DIR`) into today's results
-    file as entry NAME, recording where it came from."""
+    file as entry NAME, recording where it came from (its per-item values go beside, as in a run)."""
     name, _, path = spec.partition("=")
     source = pathlib.Path(path)
     if not name or not source.is_file():
@@ -410,7 +566,7 @@ def import_result(spec: str) -> pathlib.Path:
     target = RESULTS_DIR / f"{date}.json"
     merged = json.loads(target.read_text()) if target.exists() else {"date": date, "benchmarks": {}}
     stamp = dt.datetime.fromtimestamp(source.stat().st_mtime, dt.timezone.utc).isoformat(timespec="seconds")
-    merged["benchmarks"][name] = {
+    entry = {
         "full": None,
         "seconds": None,
         "finished": stamp,
@@ -418,7 +574,7 @@ def import_result(spec: str) -> pathlib.Path:
         "result": json.loads(source.read_text()),
     }
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(merged, indent=2, default=str) + "\n")
+    _store(target, name, entry, merged)
     return target
 
 
@@ -429,7 +585,11 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = argparse.ArgumentParser(description="Run the docembed benchmarks (bench/bench_*.py).")
     parser.add_argument("--full", action="store_true", help="full data sets instead of the modest subsets")
-    parser.add_argument("--quick", action="store_true", help="small subsets: checks the pipeline in minutes")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small subsets: checks the pipeline in minutes (bench/results/quick/)",
+    )
     parser.add_argument(
         "--only",
         help=f"comma-separated benchmark names (default: {', '.join(DEFAULT_MODULES)}; all = every one): "

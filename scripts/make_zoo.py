@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -55,10 +56,13 @@ RECIPES: dict[str, dict | None] = {
     # encoder and W_V frozen (nuggets are MiniLM's own token vectors; only the selection learns), no feedback,
     # the learned score a correction to the IDF rule (--idf-prior, zero at start), trained selecting r = 0.25
     # so that the residual reaches the tokens around the 0.1 cut it encodes at: the best trained variant on
-    # PI dev at r = 0.1 and 256 tokens (docs/zoo/nugget.md has the table of variants).
+    # PI dev at r = 0.1 and 256 tokens (src/docembed/zoo/nugget/card.md has the table of variants).
     "nugget": {
         "steps": [
-            ["python", "bench/bench_nugget.py", "--make-pairs", "{runs}/nugget_pairs_pi.jsonl", "--pi-only"],
+            [
+                "python", "-c", "from docembed.training.nugget_recipe import write_training_pairs; "
+                "write_training_pairs('{runs}/nugget_pairs_pi.jsonl', sts=False)",
+            ],
             [
                 "--seed", "0", "train-nugget", "{runs}/nugget_pairs_pi.jsonl", "-o", "{out}",
                 "--objective", "sim", "--freeze", "encoder+value", "--no-feedback", "--idf-prior", "1",
@@ -108,7 +112,7 @@ def train(name: str, recipe: dict) -> tuple[float, str]:
         # a step is a docembed command, or a project script that prepares its data ("python", path, ...)
         program = [sys.executable] if args[0] == "python" else [DOCEMBED]
         args = args[1:] if args[0] == "python" else args
-        commands.append(("python " if program[0] == sys.executable else "docembed ") + " ".join(args))
+        commands.append(("python " if program[0] == sys.executable else "docembed ") + shlex.join(args))
         print(f"[zoo] {name}: {commands[-1]}", file=sys.stderr, flush=True)
         subprocess.run([*program, *args], check=True, env=env, cwd=ROOT)
     return time.perf_counter() - started, " && ".join(commands)

@@ -12,3 +12,42 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _isolated_home(tmp_path_factory, monkeypatch):
     """Each test gets its own models home, so nothing leaks into ~/.cache."""
     monkeypatch.setenv("DOCEMBED_HOME", str(tmp_path_factory.mktemp("docembed_home")))
+
+
+# --- tiny models, built once per session -----------------------------------------------------------------
+# Read-only: a test that trains or changes one loads its own copy from the folder (from_pretrained /
+# load_model) or builds its own; nothing may write into these folders.
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer():
+    """MiniLM's WordPiece tokenizer (the offline package), loaded once."""
+    from transformers import AutoTokenizer
+
+    from docembed.models.offline import minilm_path
+
+    return AutoTokenizer.from_pretrained(str(minilm_path()))
+
+
+@pytest.fixture(scope="session")
+def tiny_bert_dir(tmp_path_factory):
+    """A saved 2-layer 32-d BERT with TINY_POSITIONS positions and MiniLM's tokenizer."""
+    from tiny_models import save_tiny_bert
+
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sbert_dir(tiny_bert_dir, tmp_path_factory):
+    """A saved docembed sbert model over the tiny BERT: mean pooling, TINY_POSITIONS-token windows."""
+    from tiny_models import save_tiny_sbert
+
+    return save_tiny_sbert(tiny_bert_dir, tmp_path_factory.mktemp("tiny_sbert"))
+
+
+@pytest.fixture(scope="session")
+def tiny_sbert_tokens_dir(tiny_bert_dir, tmp_path_factory):
+    """The same tiny sbert model with output="tokens": a multi-vector model."""
+    from tiny_models import save_tiny_sbert
+
+    return save_tiny_sbert(tiny_bert_dir, tmp_path_factory.mktemp("tiny_sbert_tokens"), output="tokens")

@@ -352,7 +352,7 @@ def test_every_command_help_has_an_example():
 
 def test_declared_capabilities_match_the_methods():
     from docembed.models.base import CAPABILITIES, Encoder
-    from docembed.models.registry import FAMILY_MODULES, get_family
+    from docembed.models.families import FAMILY_MODULES, get_family
 
     methods = {"ratio": "set_ratio", "workers": "set_workers", "fit": "fit", "sparse": "encode_sparse"}
     for family in FAMILY_MODULES:

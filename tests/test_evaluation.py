@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 
-from docembed.evaluation import EvalOptions, get_evaluator, mean_pool, metrics, resolve_tasks
+from docembed.evaluation import TASKS, EvalOptions, get_evaluator, mean_pool, metrics, resolve_tasks
 from docembed.evaluation.base import cached_encode
 from docembed.evaluation.probes import senteval_cv_accuracy, stratified_folds
 from docembed.models.base import Encoder, EncoderConfig
@@ -226,7 +226,7 @@ def test_sts_dev_tasks_read_the_dev_split(data_root):
     options = EvalOptions(data_root=str(data_root), cache=False)
     model = BagOfWordsMultiVector(EncoderConfig())
     assert get_evaluator("stsb-dev", options).datasets == ("senteval/stsb-dev",)
-    assert get_evaluator("sick-dev", options).datasets == ("senteval/sick-dev",)
+    assert TASKS["sick-dev"]([], [], []).datasets == ("senteval/sick-dev",)
     test, dev = (get_evaluator(name, options).run(model).score for name in ("stsb", "stsb-dev"))
     assert test > 50 and dev == pytest.approx(-test)
 
@@ -360,7 +360,7 @@ def test_validation_long_tasks_read_train_documents_and_probe_on_the_others(data
     options = EvalOptions(data_root=str(data_root))
     validation = get_evaluator("imdb-long-val", options)
     assert validation.datasets == ("imdb/train",)
-    evaluated = {r["text"] for r in validation._evaluated()}
+    evaluated = {r["text"] for r in validation.rows}
     # the 8 long reviews of the *train* split (own word "owntrain...")
     assert len(evaluated) == 8 and all(t.startswith("owntrain") for t in evaluated)
     probe_texts = set(validation.fit_texts())

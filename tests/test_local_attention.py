@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from docembed.models.local_attention import banded_attention, local_forward, self_attention
-from docembed.models.offline import minilm_path
 from docembed.models.student import StudentConfig, StudentEncoder, _longformer_dict
 
 WINDOW = 8
@@ -31,6 +30,12 @@ def tiny_longformer(window: int = WINDOW):
         pad_token_id=1,
     )
     return LongformerModel(config, add_pooling_layer=False).eval()
+
+
+@pytest.fixture(scope="module")
+def longformer():
+    """One tiny Longformer for the tests that only read it; a test that trains it builds its own."""
+    return tiny_longformer()
 
 
 def dense_reference(query, key, value, key_padding, one_sided):
@@ -76,11 +81,10 @@ def test_banded_attention_equals_dense_reference(length, block):
 
 
 @pytest.mark.parametrize("lengths", [[16, 16], [16, 11], [32, 3], [24, 17]])
-def test_self_attention_equals_transformers_layer(lengths):
+def test_self_attention_equals_transformers_layer(longformer, lengths):
     """transformers' own layer, fed the inputs LongformerModel gives it: a length that is a multiple of the
     window, mask values 0 (attend) / finfo.min (padding, including what pads a length up to the window)."""
-    model = tiny_longformer()
-    layer = model.encoder.layer[0].attention.self
+    layer = longformer.encoder.layer[0].attention.self
     torch.manual_seed(1)
     hidden = torch.randn(len(lengths), max(lengths), 32)
     _, mask = batch(lengths)
@@ -114,13 +118,12 @@ def dense_reference_from_layer(layer, hidden, key_padding):
 
 
 @pytest.mark.parametrize("lengths", [[16], [13], [37, 37], [37, 20, 2], [1]])
-def test_local_forward_equals_longformer_model(lengths):
+def test_local_forward_equals_longformer_model(longformer, lengths):
     """Whole model, any length: transformers pads to a multiple of the window, local_forward does not."""
-    model = tiny_longformer()
     ids, mask = batch(lengths)
     with torch.no_grad():
-        expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
-        got = local_forward(model, ids, mask, block=4)
+        expected = longformer(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = local_forward(longformer, ids, mask, block=4)
     assert got.shape == expected.shape
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
@@ -128,7 +131,7 @@ def test_local_forward_equals_longformer_model(lengths):
 
 
 def test_local_forward_falls_back_for_global_attention_and_training():
-    model = tiny_longformer()
+    model = tiny_longformer()  # its own: switched to training mode below
     ids, mask = batch([20])
     with torch.no_grad():
         global_mask = mask.clone()
@@ -142,13 +145,11 @@ def test_local_forward_falls_back_for_global_attention_and_training():
         torch.testing.assert_close(local_forward(model, ids, mask), expected, atol=0, rtol=0)
 
 
-def test_student_encode_same_with_and_without_local_attention():
-    from transformers import AutoTokenizer
-
-    model = tiny_longformer()
-    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
-    config = StudentConfig(max_length=100, attention_window=WINDOW, longformer=_longformer_dict(model.config))
-    student = StudentEncoder(config, model=model, tokenizer=tokenizer)
+def test_student_encode_same_with_and_without_local_attention(longformer, minilm_tokenizer):
+    config = StudentConfig(
+        max_length=100, attention_window=WINDOW, longformer=_longformer_dict(longformer.config)
+    )
+    student = StudentEncoder(config, model=longformer, tokenizer=minilm_tokenizer)
     texts = ["a short one", "", "a longer text " * 12, "x " * 150, "odd length words, not a window multiple"]
     fast = student.encode(texts, batch_size=3)
     student.local_attention = False

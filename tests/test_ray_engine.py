@@ -1,7 +1,8 @@
 """`docembed encode --engine ray` on a local 2-CPU Ray instance, checked row by row against the local engine.
 
 One Ray instance serves the whole module (starting one costs seconds); each encode starts its own actor
-pool, which loads the model once per actor.
+pool, which loads the model once per actor. The models are conftest's tiny sbert (dense) and its
+output="tokens" twin (multi-vector): the engine's behaviour does not depend on the model's size.
 """
 
 import json
@@ -70,10 +71,12 @@ def _docembed_meta(path) -> dict:
     return json.loads(pq.read_schema(path).metadata[b"docembed"])
 
 
-def test_dense_matches_local_and_rerun_skips_written_shards(capfd, ray_instance, corpus, tmp_path):
+def test_dense_matches_local_and_rerun_skips_written_shards(
+    capfd, ray_instance, corpus, tiny_sbert_dir, tmp_path
+):
     local_path, out = tmp_path / "local.parquet", tmp_path / "out"
-    assert invoke(capfd, "encode", corpus, "-o", local_path).code == 0
-    result = _ray_encode(capfd, corpus, out)
+    assert invoke(capfd, "encode", corpus, "-m", tiny_sbert_dir, "-o", local_path).code == 0
+    result = _ray_encode(capfd, corpus, out, "-m", tiny_sbert_dir)
     assert result.code == 0, result.err
     assert result.out == "" and "encoded 50 documents" in result.err
 
@@ -84,8 +87,8 @@ def test_dense_matches_local_and_rerun_skips_written_shards(capfd, ray_instance,
     assert np.abs(sharded.data[5]).sum() > 0  # the empty text
 
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["complete"] and manifest["count"] == 50 and manifest["dim"] == 384
-    assert manifest["kind"] == "dense" and manifest["model"]["model"] == "sbert"
+    assert manifest["complete"] and manifest["count"] == 50 and manifest["dim"] == 32
+    assert manifest["kind"] == "dense" and manifest["model"]["model"] == str(tiny_sbert_dir)
     assert manifest["job"]["input"]["rows"] == 50 and manifest["num_shards"] == 4
     assert [[s["start"], s["stop"]] for s in manifest["shards"]] == SHARD_RANGES
     assert [s["rows"] for s in manifest["shards"]] == [16, 16, 16, 2]
@@ -103,7 +106,7 @@ def test_dense_matches_local_and_rerun_skips_written_shards(capfd, ray_instance,
     (out / "part-00002.parquet").unlink()
     with pytest.raises(DocembedError, match="incomplete"):
         load_embeddings(str(out))
-    result = _ray_encode(capfd, corpus, out)
+    result = _ray_encode(capfd, corpus, out, "-m", tiny_sbert_dir)
     assert result.code == 0 and "3 already written, 1 to encode" in result.err
     after = {p.name: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
     assert after.keys() == stamps.keys()
@@ -111,18 +114,22 @@ def test_dense_matches_local_and_rerun_skips_written_shards(capfd, ray_instance,
     np.testing.assert_allclose(load_embeddings(str(out)).data, local.data, atol=1e-5)
 
     # nothing left to do: no Ray work at all; another job in the same directory is refused
-    assert "4 already written, 0 to encode" in _ray_encode(capfd, corpus, out).err
-    result = invoke(capfd, "encode", corpus, "--engine", "ray", "--rows-per-shard", "10", "-o", out)
+    assert "4 already written, 0 to encode" in _ray_encode(capfd, corpus, out, "-m", tiny_sbert_dir).err
+    result = invoke(
+        capfd, "encode", corpus, "-m", tiny_sbert_dir, "--engine", "ray", "--rows-per-shard", "10", "-o", out
+    )
     assert result.code == 1 and "different job" in result.err and "rows_per_shard" in result.err
 
 
-def test_multi_vector_from_parquet_matches_local(capfd, ray_instance, corpus, tmp_path):
+def test_multi_vector_from_parquet_matches_local(
+    capfd, ray_instance, corpus, tiny_sbert_tokens_dir, tmp_path
+):
     source = tmp_path / "docs.parquet"
     table = pa.table({"id": [r.get("id") for r in RECORDS], "text": [r["text"] for r in RECORDS]})
     pq.write_table(table, source, row_group_size=7)  # shards straddle row groups
     local_path, out = tmp_path / "local.parquet", tmp_path / "out"
-    assert invoke(capfd, "encode", corpus, "-m", "sbert-tokens", "-o", local_path).code == 0
-    result = _ray_encode(capfd, source, out, "-m", "sbert-tokens")
+    assert invoke(capfd, "encode", corpus, "-m", tiny_sbert_tokens_dir, "-o", local_path).code == 0
+    result = _ray_encode(capfd, source, out, "-m", tiny_sbert_tokens_dir)
     assert result.code == 0, result.err
 
     local, sharded = load_embeddings(str(local_path)), load_embeddings(str(out))
@@ -135,12 +142,13 @@ def test_multi_vector_from_parquet_matches_local(capfd, ray_instance, corpus, tm
     assert json.loads((out / "manifest.json").read_text())["kind"] == "multi"
 
 
-def test_bad_line_stops_the_run_and_skip_invalid_resumes(capfd, ray_instance, tmp_path):
+def test_bad_line_stops_the_run_and_skip_invalid_resumes(capfd, ray_instance, tiny_sbert_dir, tmp_path):
     source, out = tmp_path / "docs.txt", tmp_path / "out"
     lines = [json.dumps({"id": i, "text": _text(i)}) for i in range(30)]
     lines[25] = "{not json"
     source.write_text("\n".join(lines) + "\n")
-    args = ("--engine", "ray", "--num-workers", "1", "--rows-per-shard", "10", "--format", "jsonl", "-o", out)
+    args = ("-m", tiny_sbert_dir, "--engine", "ray", "--num-workers", "1", "--rows-per-shard", "10")
+    args += ("--format", "jsonl", "-o", out)
     result = invoke(capfd, "encode", source, *args)
     assert result.code == 1 and "docs.txt:26: malformed JSON" in result.err
     assert "Traceback" not in result.err

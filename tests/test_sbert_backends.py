@@ -3,7 +3,6 @@ import pytest
 import torch
 
 from docembed.models.sbert import SBertConfig, SBertEncoder
-from tiny_models import save_tiny_bert, save_tiny_sbert
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +48,13 @@ def test_chunks_average_the_windows_encoded_one_by_one(minilm_chunks):
     np.testing.assert_allclose(mean.encode([text])[0], window_vectors[0], atol=1e-5)
 
 
-# --- inference backends: a tiny BERT (2 layers, 32-d) under sentence-transformers' mean pooling -------------
+# --- inference backends: conftest's tiny sbert (2 layers, 32-d, 32-token windows, mean pooling) -----------
 TEXTS = [
     "A man is playing a guitar on the street.",
     "The stock market fell sharply after the announcement.",
     "",
     "Cats sleep for most of the day, and wake up hungry at night.",
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny_sbert_dir(tmp_path_factory):
-    bert_dir = save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), max_positions=64)
-    return save_tiny_sbert(bert_dir, tmp_path_factory.mktemp("tiny_sbert"), max_seq_length=32)
 
 
 @pytest.fixture
@@ -113,7 +106,7 @@ def test_fp32_engine_matches_torch_for_every_output(tiny_sbert_dir, shared_home,
 def test_export_is_cached(tiny_sbert_dir, monkeypatch):
     pytest.importorskip("openvino")
     from docembed.models import inference_backends
-    from docembed.models.registry import models_home
+    from docembed.runtime import models_home
 
     first = _load(tiny_sbert_dir, backend="openvino", precision="int8").encode(TEXTS)
     exported = list((models_home() / "inference").iterdir())  # this test's own, empty home

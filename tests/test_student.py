@@ -21,18 +21,14 @@ from docembed.models.student import (
 )
 from docembed.training.distill_recipe import DistillRecipe, DistillSettings, depth_weights
 from docembed.training.loop import TrainConfig, train
-from tiny_models import save_tiny_bert, save_tiny_sbert
+from tiny_models import TINY_POSITIONS
 
-ORIGINAL = 16  # the tiny source model's positions
-
-
-@pytest.fixture(scope="module")
-def tiny_bert_dir(tmp_path_factory):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), max_positions=ORIGINAL)
+ORIGINAL = TINY_POSITIONS  # the source model's positions: conftest's session-wide tiny BERT and tiny sbert
 
 
 @pytest.fixture(scope="module")
 def tiny_bert(tiny_bert_dir):
+    """The tiny BERT in memory; only read (convert_to_long copies its weights), so shared by the module."""
     from transformers import BertModel
 
     return BertModel.from_pretrained(tiny_bert_dir).eval()
@@ -76,16 +72,19 @@ def test_converted_model_global_projections_copied(tiny_bert):
 def test_positions_beyond_original_length_are_finite_and_distinct(tiny_bert):
     long_model = convert_to_long(tiny_bert, None, max_length=64, attention_window=8)
     torch.manual_seed(1)
-    shared = torch.randint(1000, 2000, (1, 20))
-    tail_a, tail_b = torch.randint(2000, 3000, (1, 30)), torch.randint(3000, 4000, (1, 30))
-    a = torch.cat([torch.tensor([[101]]), shared, tail_a, torch.tensor([[102]])], 1)  # 52 tokens > 16
+    shared = torch.randint(1000, 2000, (1, ORIGINAL - 1))  # with [CLS]: every position the source has
+    tail_a, tail_b = (
+        torch.randint(2000, 3000, (1, 51 - ORIGINAL)),
+        torch.randint(3000, 4000, (1, 51 - ORIGINAL)),
+    )
+    a = torch.cat([torch.tensor([[101]]), shared, tail_a, torch.tensor([[102]])], 1)  # 52 tokens > ORIGINAL
     b = torch.cat([torch.tensor([[101]]), shared, tail_b, torch.tensor([[102]])], 1)
     out_a = long_model(input_ids=a, attention_mask=torch.ones_like(a)).last_hidden_state
     out_b = long_model(input_ids=b, attention_mask=torch.ones_like(b)).last_hidden_state
     assert out_a.shape == (1, 52, 32) and torch.isfinite(out_a).all() and torch.isfinite(out_b).all()
-    # Documents differing only beyond the source's 16 positions get different pooled vectors ...
+    # Documents differing only beyond the source's ORIGINAL positions get different pooled vectors ...
     assert not torch.allclose(out_a.mean(1), out_b.mean(1), atol=1e-4)
-    # ... and a position past 16 is not a copy of another token's vector.
+    # ... and a position past ORIGINAL is not a copy of another token's vector.
     assert not torch.allclose(out_a[0, 40], out_a[0, 41], atol=1e-4)
     with pytest.raises(UsageError):
         convert_to_long(tiny_bert, None, max_length=64, attention_window=7)
@@ -210,12 +209,6 @@ def test_training_runs_and_checkpoints_soft_cca_state(tiny_bert_dir, tmp_path):
     logged = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert {"loss", "depth", "breadth", "cca_l2", "cca_decorrelation"} <= set(logged[0])
     assert isinstance(load_model(str(tmp_path)), StudentEncoder)
-
-
-@pytest.fixture(scope="module")
-def tiny_sbert_dir(tiny_bert_dir, tmp_path_factory):
-    """A docembed sbert model over the tiny BERT (mean pooling, 16 tokens): a fast depth teacher."""
-    return save_tiny_sbert(tiny_bert_dir, tmp_path_factory.mktemp("tiny_sbert"), max_seq_length=ORIGINAL)
 
 
 def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_path):
@@ -370,15 +363,15 @@ def test_train_distill_under_torchrun_two_ranks(tiny_bert_dir, tiny_sbert_dir, t
 
 
 def test_depth_target_chunks_gives_every_document_a_target(tiny_sbert_dir, tmp_path):
-    from docembed.cli.train_distill import _sbert_teacher
     from docembed.encoding import EmbeddingCache
+    from docembed.training.distill_recipe import sbert_teacher
 
     cache = EmbeddingCache(tmp_path / "cache")
     teacher = load_model(str(tiny_sbert_dir))
     limit = teacher.max_seq_length
     texts = ["a short film review", " ".join(["the long film goes on"] * limit)]
-    whole_vectors, whole = _sbert_teacher(cache, str(tiny_sbert_dir), texts, 0.5, "cpu", "whole")
-    chunk_vectors, chunks = _sbert_teacher(cache, str(tiny_sbert_dir), texts, 0.5, "cpu", "chunks")
+    whole_vectors, whole = sbert_teacher(cache, str(tiny_sbert_dir), texts, 0.5, "cpu", "whole")
+    chunk_vectors, chunks = sbert_teacher(cache, str(tiny_sbert_dir), texts, 0.5, "cpu", "chunks")
     assert whole.tolist() == [0.5, 0.0] and chunks.tolist() == [
         0.5,
         0.5,

@@ -141,9 +141,10 @@ def test_loop_options_reach_train_config(tmp_path):
     def command(corpus: str, loop: LoopOptions = None):
         seen["config"] = loop.train_config(tmp_path, seed=3, device="cpu")
 
-    command(corpus="x", epochs=4, time_budget_s=9.0)
+    command(corpus="x", epochs=4, time_budget_s=9.0, eval_every=3, eval_tasks="stsb-dev", save_last=True)
     config = seen["config"]
     assert (config.lr, config.amp, config.epochs, config.time_budget_s) == (0.5, "off", 4, 9.0)
+    assert (config.eval_every, config.save_last) == (3, True)
     assert (config.output_dir, config.seed, config.weight_decay) == (str(tmp_path), 3, 0.01)
 
 

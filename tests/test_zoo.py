@@ -12,10 +12,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from docembed import zoo
 from docembed.cli import app
 from docembed.errors import CorruptModelError, ModelNotFoundError, UsageError
-from docembed.models import registry
+from docembed.models import registry, zoo
 from docembed.models.registry import BUILTIN, FIT_COMMANDS, load_model
 from docembed.zoo import export as zoo_export
 

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -23,6 +24,17 @@ class Settings:
 
 
 settings = Settings()
+
+
+def models_home() -> Path:
+    """Where docembed keeps what it makes at run time: saved models by name (`models/`), unpacked offline
+    weights, converted int8 models and embedding caches. `$DOCEMBED_HOME`, else `$XDG_CACHE_HOME/docembed`
+    (default `~/.cache/docembed`)."""
+    root = os.environ.get("DOCEMBED_HOME")
+    if root:
+        return Path(root).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "docembed"
 
 
 def resolve_device(device: str | None = None) -> str:

@@ -121,10 +121,8 @@ def encode(
     from docembed.runtime import log
 
     check_output_path(output, overwrite, inputs=[input])
-    if fit:  # the corpus-fitted families in one step (docembed models lists the command it runs)
-        from docembed.cli.models import fit_beside
-
-        model = fit_beside(model, input, output, format, text_field, overwrite)
+    if fit:  # the corpus-fitted families in one step, with their commands' default settings
+        model = _fit_beside(model, input, output, format, id_field, text_field, skip_invalid, overwrite)
     documents = common.reader(input, format, id_field, text_field, skip_invalid, shard)
     encoder = common.load(model)
     if ratio is not None:
@@ -148,6 +146,46 @@ def encode(
         shape = f"multi-vector, {embeddings.data.counts.mean():.1f} vectors/doc, " + shape
     where = "stdout" if output == "-" else output
     log(f"encoded {len(embeddings)} documents with {encoder.name} ({shape}) -> {where}")
+
+
+def fit_model_dir(output: str) -> str:
+    """Where `encode --fit -o OUTPUT` keeps the model it fits: OUTPUT without its suffix + `.model/`."""
+    from pathlib import Path
+
+    path = Path(output)
+    stem = path.name
+    for suffix in reversed(path.suffixes):
+        stem = stem.removesuffix(suffix)
+    return str(path.with_name(f"{stem or path.name}.model"))
+
+
+def _fit_beside(name, input, output, format, id_field, text_field, skip_invalid, overwrite) -> str:
+    """`encode --fit`: fit the corpus-fitted family `name` on INPUT with its default settings (those of the
+    command `docembed models` lists), save it beside OUTPUT, and return that directory for --model."""
+    import shutil
+    from pathlib import Path
+
+    from docembed.errors import DocembedError, UsageError
+    from docembed.models.registry import FIT_COMMANDS
+    from docembed.runtime import log, settings
+    from docembed.training.fitting import fit_family
+
+    if name not in FIT_COMMANDS:
+        raise UsageError(
+            f"--fit applies to the corpus-fitted families ({', '.join(FIT_COMMANDS)}), not {name!r}"
+        )
+    if input == "-" or output == "-":
+        raise UsageError("--fit reads the input twice and saves the model beside -o: give files, not -")
+    target = Path(fit_model_dir(output))
+    if target.exists():
+        if not overwrite:
+            raise DocembedError(f"{target} exists (the model --fit would write): pass --overwrite to refit")
+        shutil.rmtree(target)
+    command = FIT_COMMANDS[name].replace("CORPUS", input).replace("DIR", str(target))
+    log(f"--fit: fitting {name} as `{command}` would")
+    corpus = common.reader(input, format, id_field, text_field, skip_invalid)
+    fit_family(name, corpus, target, seed=settings.seed, device=settings.device)
+    return str(target)
 
 
 def _progress_wanted() -> bool:

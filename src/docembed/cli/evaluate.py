@@ -69,7 +69,7 @@ def evaluate(
         model = load_evaluation_model(spec, device=resolve_device())
         for name in names:
             log(f"evaluating {model.name} on {name}")
-            result = TASKS[name](options).run(model)
+            result = TASKS[name].from_data_root(options).run(model)
             path = write_result(result, output)
             for note in result.notes:
                 log(f"  note: {note}")

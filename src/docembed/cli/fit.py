@@ -30,25 +30,21 @@ def fit(
 
     Example: docembed fit tfidf corpus.jsonl -o models/tfidf
     """
-    from pathlib import Path
-
     from docembed.errors import UsageError
-    from docembed.models.registry import get_family
-    from docembed.runtime import log
+    from docembed.io.outputs import check_output
+    from docembed.models.baselines import BM25Config, TfidfConfig, fit_bm25, fit_tfidf
+    from docembed.runtime import settings
 
     if family not in ("tfidf", "bm25"):
         raise UsageError(f"only tfidf and bm25 are fitted this way, not {family!r}")
-    target = Path(output)
-    from docembed.io.outputs import check_output
-
-    check_output(target, overwrite, directory=True)
-    cls = get_family(family)
-    config = cls.config_class()
-    if svd_dim is not None:
-        if family != "tfidf":
-            raise UsageError("--svd-dim applies to tfidf only")
-        config.svd_dim = svd_dim
+    if svd_dim is not None and family != "tfidf":
+        raise UsageError("--svd-dim applies to tfidf only")
+    check_output(output, overwrite, directory=True)
     texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
-    model = cls(config, name=family).fit(texts)
-    model.save(target)
-    log(f"fitted {family} on {len(texts)} documents -> {target}")
+    if family == "tfidf":
+        config = TfidfConfig(seed=settings.seed)
+        if svd_dim is not None:
+            config.svd_dim = svd_dim
+        fit_tfidf(texts, config, output)
+    else:
+        fit_bm25(texts, BM25Config(), output)

@@ -1,5 +1,4 @@
-"""docembed models: what --model can name and how to get each one; `--card NAME` prints a model card.
-Also `fit_beside`, the one step behind `docembed encode --fit` for the corpus-fitted families."""
+"""docembed models: what --model can name and how to get each one; `--card NAME` prints a model card."""
 
 from __future__ import annotations
 
@@ -26,10 +25,11 @@ def models(
     """
     import json
 
-    from docembed.models.registry import available_models, models_home
+    from docembed.models.registry import available_models
+    from docembed.runtime import models_home
 
     if card:
-        from docembed import zoo
+        from docembed.models import zoo
         from docembed.models.registry import BUILTIN, FIT_COMMANDS, fit_card
 
         if card in BUILTIN and BUILTIN[card].shipped:
@@ -57,48 +57,3 @@ def models(
     for row in rows:
         table.add_row(row["name"], row["family"], row["get"], row["description"])
     Console().print(table)
-
-
-def fit_model_dir(output: str) -> str:
-    """Where `encode --fit -o OUTPUT` keeps the model it fits: OUTPUT without its suffix + `.model/`."""
-    from pathlib import Path
-
-    path = Path(output)
-    stem = path.name
-    for suffix in reversed(path.suffixes):
-        stem = stem.removesuffix(suffix)
-    return str(path.with_name(f"{stem or path.name}.model"))
-
-
-def fit_beside(
-    name: str, input: str, output: str, format: str | None, text_field: str, overwrite: bool
-) -> str:
-    """`encode --fit`: fit the corpus-fitted family `name` on INPUT with its default settings (the command
-    `docembed models` lists), save it beside OUTPUT, and return that directory for --model."""
-    import shutil
-    from pathlib import Path
-
-    from docembed.errors import DocembedError, UsageError
-    from docembed.models.registry import FIT_COMMANDS
-    from docembed.runtime import log, settings
-
-    if name not in FIT_COMMANDS:
-        raise UsageError(
-            f"--fit applies to the corpus-fitted families ({', '.join(FIT_COMMANDS)}), not {name!r}"
-        )
-    if input == "-" or output == "-":
-        raise UsageError("--fit reads the input twice and saves the model beside -o: give files, not -")
-    target = Path(fit_model_dir(output))
-    if target.exists():
-        if not overwrite:
-            raise DocembedError(f"{target} exists (the model --fit would write): pass --overwrite to refit")
-        shutil.rmtree(target)
-    command = FIT_COMMANDS[name].split()[1:]
-    args = [part.replace("CORPUS", input).replace("DIR", str(target)) for part in command]
-    args += ["--text-field", text_field] + (["--format", format] if format else [])
-    log(f"--fit: docembed {' '.join(args)}")
-    from docembed.cli import app
-
-    root = ["--seed", str(settings.seed), *(["-q"] if settings.quiet else []), "--device", settings.device]
-    app(root + args, standalone_mode=False)
-    return str(target)

@@ -87,11 +87,14 @@ def train_distill(
 
     from docembed.encoding import EmbeddingCache
     from docembed.errors import UsageError
-    from docembed.models.registry import models_home
-    from docembed.models.student import StudentEncoder, convert_long
-    from docembed.runtime import log, resolve_device, seed_everything, settings
-    from docembed.training.distill_recipe import DistillRecipe, DistillSettings
-    from docembed.training.loop import is_main_process, main_process_first, train
+    from docembed.runtime import log, models_home, resolve_device, seed_everything, settings
+    from docembed.training.distill_recipe import (
+        DistillRecipe,
+        DistillSettings,
+        student_to_train,
+        teacher_vectors,
+    )
+    from docembed.training.loop import is_main_process, train
 
     seed_everything()  # torch is imported now: seed the model's initialisation too
 
@@ -111,34 +114,26 @@ def train_distill(
         raise UsageError(f"{corpus}: need at least 2 documents, found {len(texts)}")
     device = resolve_device()
 
-    if Path(student).is_dir() and (Path(student) / "config.json").exists():
-        model = StudentEncoder.load(student)
-        if max_length:
-            model.config.max_length = min(max_length, model.config.max_length)
-    else:
-        model = convert_long(student, max_length or 4096, attention_window)
+    model = student_to_train(student, max_length, attention_window, settings.seed)
     log(
         f"student: {model.config.source or student}, {model.config.max_length} tokens, "
         f"window {model.config.attention_window}"
     )
-
-    cache = EmbeddingCache(cache_dir or models_home() / "cache" / "teachers")
-    sbert_vectors = sbert_weights = pv_vectors = None
-    with main_process_first(device):  # under torchrun, rank 0 fills the cache and the others read it
-        if "sbert" in teachers:
-            sbert_vectors, sbert_weights = _sbert_teacher(
-                cache, sbert_model, texts, depth_weight, device, depth_target
-            )
-        if "pv" in teachers:
-            pv_model, pv_vectors = _pv_teacher(
-                cache,
-                pv_model,
-                texts,
-                out,
-                common.reader(corpus, format, id_field, text_field, False),
-                pv_mode,
-                pv_dim,
-            )
+    vectors = teacher_vectors(
+        EmbeddingCache(cache_dir or models_home() / "cache" / "teachers"),
+        texts,
+        teachers,
+        device,
+        sbert_model=sbert_model,
+        depth_weight=depth_weight,
+        depth_target=depth_target,
+        pv_model=pv_model,
+        pv_corpus=common.reader(corpus, format, id_field, text_field, False),
+        pv_dir=out / "pv-teacher",
+        pv_mode=pv_mode,
+        pv_dim=pv_dim,
+        seed=settings.seed,
+    )
 
     recipe = DistillRecipe(
         model,
@@ -157,11 +152,11 @@ def train_distill(
             freeze_embeddings=freeze_embeddings,
             seed=settings.seed,
         ),
-        sbert_vectors=sbert_vectors,
-        sbert_weights=sbert_weights,
-        pv_vectors=pv_vectors,
+        sbert_vectors=vectors.sbert,
+        sbert_weights=vectors.sbert_weights,
+        pv_vectors=vectors.pv,
     )
-    summary = train(recipe, loop.train_config(out, settings.seed, device))
+    summary = train(recipe, loop.train_config(out, settings.seed, device), validate=loop.validation(model))
     if not is_main_process():
         return
     (out / "distill.json").write_text(
@@ -170,7 +165,7 @@ def train_distill(
                 "teachers": sorted(teachers),
                 "sbert_model": sbert_model,
                 "depth_target": depth_target,
-                "pv_model": pv_model,
+                "pv_model": vectors.pv_model or pv_model,
                 "documents": len(texts),
                 "corpus": corpus,
             },
@@ -182,58 +177,3 @@ def train_distill(
         f"trained student: {summary['steps']} steps in {summary['seconds']}s "
         f"({summary['tokens_per_s']} tokens/s) -> {out}"
     )
-
-
-def _sbert_teacher(
-    cache, sbert_model: str, texts: list[str], depth_weight: float, device: str, depth_target: str = "whole"
-):
-    """The depth teacher's vectors of `texts` (cached) and each text's depth-loss weight lambda(x)."""
-    import numpy as np
-
-    from docembed.errors import UsageError
-    from docembed.models.registry import load_model
-    from docembed.runtime import log
-    from docembed.training.distill_recipe import depth_weights
-
-    sbert = load_model(sbert_model, device=device)
-    if not hasattr(sbert, "tokenizer") or not hasattr(sbert, "max_seq_length"):
-        raise UsageError(f"--sbert-model {sbert_model!r} is not an SBERT model")
-    if depth_target not in ("whole", "chunks"):
-        raise UsageError(f"--depth-target must be whole or chunks, got {depth_target!r}")
-    if depth_target == "chunks":
-        # a target for every document: the teacher averaged over consecutive windows it reads whole
-        sbert.config.output = "chunks"
-        vectors = cache.vectors(sbert, texts, label=f"sbert-chunks teacher ({sbert.name})")
-        log(
-            f"depth loss applies to all {len(texts)} documents (targets: {sbert.name} over 256-token windows)"
-        )
-        return vectors, np.full(len(texts), depth_weight, dtype=np.float32)
-    vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
-    weights = depth_weights(sbert, texts, depth_weight)
-    log(
-        f"depth loss applies to {int((weights > 0).sum())} of {len(texts)} documents "
-        f"(<= {sbert.max_seq_length} {sbert.name} tokens)"
-    )
-    return vectors, weights
-
-
-def _pv_teacher(cache, pv_model: str | None, texts: list[str], out, documents, mode: str, dim: int):
-    """The breadth teacher's path and its vectors of `texts` (cached). Without --pv-model, a PV teacher is
-    first trained on `documents` (the whole corpus) into OUTPUT/pv-teacher (kept, so a resumed run reuses
-    it)."""
-    from pathlib import Path
-
-    from docembed.cli.train_pv import train_and_save
-    from docembed.models.paragraph_vector import PVConfig
-    from docembed.models.registry import load_model
-    from docembed.runtime import log, settings
-
-    if pv_model is None:
-        pv_model = str(out / "pv-teacher")
-        if not (Path(pv_model) / "config.json").exists():
-            log(f"no --pv-model: training a PV teacher ({mode}, dim {dim}) on {documents.name} -> {pv_model}")
-            # train-pv's defaults, one worker thread so the teacher is reproducible
-            config = PVConfig(mode=mode, vector_size=dim, workers=1, seed=settings.seed)
-            train_and_save(documents, config, pv_model)
-    pv = load_model(pv_model)
-    return pv_model, cache.vectors(pv, texts, label=f"pv teacher ({pv.name})")

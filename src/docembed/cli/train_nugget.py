@@ -116,7 +116,8 @@ def train_nugget(
         idf_prior=idf_prior,
         max_length=max_length,  # it encodes what it was trained on
     )
-    encoder = NuggetEncoder(config, name=Path(output).name)
+    encoder = NuggetEncoder.from_base(config, seed=settings.seed)
+    encoder.name = Path(output).name
     if config.uses_idf:  # the IDF table ships with the model: fitted on the training text, once
         encoder.fit_idf(list(dict.fromkeys(sources + (targets or []))))
     examples = tokenize_examples(
@@ -143,6 +144,7 @@ def train_nugget(
     summary = train(
         recipe,
         loop.train_config(output, settings.seed, settings.device),
+        validate=loop.validation(encoder),
     )
     if not is_main_process():  # rank 0 alone reports under torchrun
         return

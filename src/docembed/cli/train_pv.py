@@ -55,7 +55,8 @@ def train_pv(
     from pathlib import Path
 
     from docembed.errors import UsageError
-    from docembed.models.paragraph_vector import PVConfig
+    from docembed.io.outputs import check_output
+    from docembed.models.paragraph_vector import PVConfig, fit_pv
     from docembed.runtime import log, settings, torchrun_rank
 
     rank, world_size = torchrun_rank()
@@ -67,8 +68,6 @@ def train_pv(
     if corpus == "-":
         raise UsageError("train-pv reads its corpus several times: give a file, not stdin")
     out = Path(output)
-    from docembed.io.outputs import check_output
-
     check_output(out, overwrite, directory=True, inputs=[corpus])
     if out.is_dir() and any(out.iterdir()):
         shutil.rmtree(out)
@@ -90,31 +89,4 @@ def train_pv(
         encode_workers=encode_workers,
         normalize=normalize,
     )
-    documents = common.reader(corpus, format, id_field, text_field, skip_invalid)
-    train_and_save(documents, config, out)
-
-
-def train_and_save(documents, config, out):
-    """Train Paragraph Vectors on `documents` (a re-iterable DocumentReader), save the model and its
-    train_log.jsonl to `out`; returns the encoder. Also what train-distill calls for its PV teacher."""
-    import json
-    import time
-    from pathlib import Path
-
-    from docembed.models.paragraph_vector import train_paragraph_vectors
-    from docembed.runtime import log
-
-    out = Path(out)
-    started = time.perf_counter()
-    encoder, stats = train_paragraph_vectors(documents, config)
-    if documents.skipped:
-        log(f"skipped {documents.skipped} invalid line(s) of {documents.name} in each pass")
-    encoder.save(out)
-    with open(out / "train_log.jsonl", "w", encoding="utf-8") as handle:
-        for entry in stats:
-            handle.write(json.dumps(entry.to_dict()) + "\n")
-    log(
-        f"trained pv-{config.mode} (dim {encoder.dim}) on {len(encoder.tags)} documents in "
-        f"{time.perf_counter() - started:.1f}s -> {out}"
-    )
-    return encoder
+    fit_pv(common.reader(corpus, format, id_field, text_field, skip_invalid), config, out)

@@ -61,7 +61,7 @@ def train_quickthoughts(
     from pathlib import Path
 
     from docembed.datasets import Corpus
-    from docembed.models.quickthoughts import QuickThoughtsConfig
+    from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder
     from docembed.models.word_vectors import initial_embeddings
     from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import is_main_process, train
@@ -115,7 +115,8 @@ def train_quickthoughts(
     if start is not None:
         recipe.network.load_state_dict(start.module.state_dict())
     train_config = loop.train_config(output, settings.seed, settings.device)
-    summary = train(recipe, train_config)
+    encoder = QuickThoughtsEncoder(config, vocabulary=sentences.vocabulary, module=recipe.network)
+    summary = train(recipe, train_config, validate=loop.validation(encoder))
     if not is_main_process():  # rank 0 alone writes and reports under torchrun
         return
     summary["corpus"] = {

@@ -1,7 +1,8 @@
 """The training-loop options every `train-*` command takes, declared once (typer only at import time).
 
 `@loop_options(lr=..., ...)` adds them to a command's signature, with the family's own defaults where it
-has them, and hands the values to the command as one `loop: LoopOptions` argument."""
+has them, and hands the values to the command as one `loop: LoopOptions` argument. A command passes
+`loop.validation(encoder)` to `train(...)` as its validation hook (--eval-every, --eval-task)."""
 
 from __future__ import annotations
 
@@ -29,13 +30,39 @@ class LoopOptions:
     log_every: int = 10
     save_every: int = 500
     resume: bool = False
+    eval_every: int = 0
+    eval_tasks: str | None = None  # not TrainConfig's: they build the validation hook
+    eval_limit: int | None = None
+    save_last: bool = False
+
+    def __post_init__(self):
+        # Checked before the command loads data or models, not after the first N steps.
+        from docembed.errors import UsageError
+
+        if self.eval_every and not self.eval_tasks:
+            raise UsageError("--eval-every needs --eval-task (e.g. --eval-task stsb-dev)")
+        if self.eval_tasks:
+            from docembed.evaluation.validation import selection_tasks
+
+            selection_tasks(self.eval_tasks)
 
     def train_config(self, output_dir, seed: int, device: str):
         """The loop's TrainConfig for a run writing to `output_dir`."""
         from docembed.training.loop import TrainConfig
 
-        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        names = {f.name for f in fields(TrainConfig)} & {f.name for f in fields(self)}
+        values = {name: getattr(self, name) for name in names}
         return TrainConfig(output_dir=str(output_dir), seed=seed, device=device, **values)
+
+    def validation(self, encoder):
+        """The loop's validation hook scoring `encoder` (the Encoder around the module being trained) on
+        --eval-task, or None without it."""
+        if not self.eval_tasks:
+            return None
+        from docembed.evaluation.base import EvalOptions
+        from docembed.evaluation.validation import Validation
+
+        return Validation(encoder, self.eval_tasks, EvalOptions(limit=self.eval_limit))
 
 
 # field -> (value type, option names, extra typer.Option arguments); the order is the --help order.
@@ -57,6 +84,25 @@ _OPTIONS = {
     "log_every": (int, ("--log-every",), {"min": 1, "help": "Optimizer steps between log lines."}),
     "save_every": (int, ("--save-every",), {"min": 1, "help": "Optimizer steps between checkpoints."}),
     "resume": (bool, ("--resume",), {"help": "Continue from OUTPUT/checkpoint."}),
+    "eval_every": (
+        int,
+        ("--eval-every",),
+        {
+            "min": 0,
+            "help": "Validate on --eval-task every N optimizer steps (and at the end); keep the best.",
+        },
+    ),
+    "eval_tasks": (
+        str,
+        ("--eval-task",),
+        {
+            "help": "Selection tasks to validate on, comma-separated (stsb-dev, sick-dev, halves-val, "
+            "imdb-long-val, 20newsgroups-long-val, paraphrase-identification-train; no test splits); "
+            "the score is the mean of their primary metrics. The best weights are saved (OUTPUT/best)."
+        },
+    ),
+    "eval_limit": (int, ("--eval-limit",), {"min": 1, "help": "Validate on N examples per task (seeded)."}),
+    "save_last": (bool, ("--save-last",), {"help": "Save the last weights, not the best-validated ones."}),
 }
 OPTION_NAMES = [names[0] for _, names, _ in _OPTIONS.values()]
 

@@ -5,6 +5,11 @@ stsb, sick, imdb, 20newsgroups, 20newsgroups-retrieval, imdb-long, 20newsgroups-
 selection splits stsb-dev, sick-dev, imdb-long-val, 20newsgroups-long-val, halves-val; group names expand to
 several (`senteval`, `sts`, `long`, `long-val`, `all`), and a few short aliases are accepted (`pi`, `20ng`,
 `retrieval`).
+
+Every task is built either from data in memory (`STSEvaluator(sentences1, sentences2, scores)`,
+`ParaphraseIdentification(docs, queries)`, `SentEvalClassification(sentences, labels)`, ...) or from the data
+root by name (`get_evaluator(name, options)` = `TASKS[name].from_data_root(options)`); `embed=` replaces how
+it turns texts into vectors.
 """
 
 from __future__ import annotations
@@ -18,6 +23,15 @@ from docembed.errors import ModelNotFoundError, UsageError
 from docembed.evaluation import long_documents as _long_documents  # noqa: F401  (registers the tasks)
 from docembed.evaluation import tasks as _tasks  # noqa: F401  (registers the tasks)
 from docembed.evaluation.base import TASKS, EvalOptions, EvalResult, Evaluator, cached_encode, mean_pool
+from docembed.evaluation.long_documents import Halves, LongDocumentClassification
+from docembed.evaluation.tasks import (
+    DocumentClassification,
+    LabelRetrieval,
+    ParaphraseIdentification,
+    SemanticSimilarity,
+    SentEvalClassification,
+    STSEvaluator,
+)
 
 GROUPS: dict[str, tuple[str, ...]] = {
     "senteval": ("mr", "cr", "subj", "mpqa"),
@@ -64,9 +78,10 @@ def resolve_tasks(names: Iterable[str]) -> list[str]:
     return out
 
 
-def get_evaluator(name: str, options: EvalOptions | None = None) -> Evaluator:
+def get_evaluator(name: str, options: EvalOptions | None = None, **kwargs) -> Evaluator:
+    """Task `name` (or alias) read from the data root: `TASKS[name].from_data_root(options, **kwargs)`."""
     (task,) = resolve_tasks([name])
-    return TASKS[task](options)
+    return TASKS[task].from_data_root(options, **kwargs)
 
 
 def load_evaluation_model(spec: str, device: str = "cpu"):
@@ -102,9 +117,17 @@ __all__ = [
     "ALIASES",
     "GROUPS",
     "TASKS",
+    "DocumentClassification",
     "EvalOptions",
     "EvalResult",
     "Evaluator",
+    "Halves",
+    "LabelRetrieval",
+    "LongDocumentClassification",
+    "ParaphraseIdentification",
+    "STSEvaluator",
+    "SemanticSimilarity",
+    "SentEvalClassification",
     "cached_encode",
     "get_evaluator",
     "load_evaluation_model",

@@ -2,9 +2,11 @@
 baselines, embedding (cached on disk), and the result record.
 
 A task subclasses `Evaluator`, names its `primary_metric`, lists the data sets it reads, and implements
-`compute(model) -> metrics`. `Evaluator.run(model)` adds the bookkeeping: the fit hook of baselines that
-need one (`requires_fit` / `fit(texts)`, called with `fit_texts()`), timing, data checksums, and the
-JSON-ready result.
+`compute(model) -> metrics`. It is built from data in memory (texts, pairs, labels, rows: public attributes,
+so a variant is a new evaluator built from other data), and `from_data_root(options)` reads its data sets
+(what `get_evaluator` and `docembed evaluate` use). `Evaluator.run(model)` adds the bookkeeping: the fit
+hook of baselines that need one (`requires_fit` / `fit(texts)`, called with `fit_texts()`), timing, data
+checksums, and the JSON-ready result.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import datetime as _dt
 import time
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -73,13 +75,41 @@ class Evaluator(ABC):
     # Whether a scorer-only model (bm25: score(query, candidates), no embeddings) can run this task.
     supports_scorers: ClassVar[bool] = False
 
-    def __init__(self, options: EvalOptions | None = None):
+    def __init__(
+        self,
+        options: EvalOptions | None = None,
+        embed: Callable[[Any, list[str]], Vectors] | None = None,
+        fit_corpus: Sequence[str] | Callable[[], list[str]] | None = None,
+    ):
+        """A task built from its data (each subclass takes its own: texts, labels, pairs, rows). `embed`
+        replaces how texts become vectors (default: `model.encode` through the embedding cache);
+        `fit_corpus` is the text a corpus-statistics baseline is fitted on (a list, or a function reading it
+        when needed; default: the task's own texts)."""
         self.options = options or EvalOptions()
         self.notes: list[str] = []
+        self.embed_function = embed
+        self.fit_corpus = fit_corpus
+        # Set by from_data_root: the result then records the checksums of the data sets read.
+        self.read_from_data_root = False
+
+    @classmethod
+    def from_data_root(cls, options: EvalOptions | None = None, **kwargs) -> Evaluator:
+        """The task on its data sets under `options.data_root`, subsampled to `options.limit` (seeded)."""
+        raise NotImplementedError
+
+    def _from_root(self) -> Evaluator:
+        self.read_from_data_root = True
+        return self
 
     # --- what a task provides ---------------------------------------------------------------------------
     def fit_texts(self) -> list[str]:
         """Unlabelled text a corpus-statistics baseline (tfidf, bm25) is fitted on before this task."""
+        if callable(self.fit_corpus):
+            self.fit_corpus = self.fit_corpus()  # read once, when a model first needs it
+        return list(self.fit_corpus) if self.fit_corpus is not None else self.texts()
+
+    def texts(self) -> list[str]:
+        """Every text the task embeds (without labels): the default fitting corpus."""
         raise NotImplementedError
 
     @abstractmethod
@@ -108,7 +138,8 @@ class Evaluator(ABC):
             self.notes.append(f"{model.family} fitted on {len(texts)} texts: {self.fit_description()}")
         metrics = self.compute(model)
         seconds = time.perf_counter() - started
-        checksums = {name: datasets.checksum(name, self.options.data_root) for name in self.datasets}
+        names = self.datasets if self.read_from_data_root else ()
+        checksums = {name: datasets.checksum(name, self.options.data_root) for name in names}
         task_config = asdict(self.options)
         task_config.pop("data_root")
         return EvalResult(
@@ -132,6 +163,8 @@ class Evaluator(ABC):
 
     # --- helpers for tasks ------------------------------------------------------------------------------
     def embed(self, model, texts: Sequence[str]) -> Vectors:
+        if self.embed_function is not None:
+            return self.embed_function(model, list(texts))
         return cached_encode(model, texts, self.options.batch_size, use_cache=self.options.cache)
 
     def embed_for_probe(self, model, texts: Sequence[str]):
@@ -163,7 +196,7 @@ def mean_pool(vectors: MultiVectors) -> np.ndarray:
 
 # --- the embedding cache ------------------------------------------------------------------------------------
 def cache_dir() -> Path:
-    from docembed.models.registry import models_home
+    from docembed.runtime import models_home
 
     return models_home() / "cache" / "embeddings"
 

@@ -18,6 +18,7 @@ error of the difference between two models on the same documents.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -26,98 +27,104 @@ from docembed.evaluation import metrics
 from docembed.evaluation.base import Evaluator, register_task
 from docembed.evaluation.probes import train_test_predictions
 from docembed.evaluation.retrieval import label_retrieval, similarity_rows
+from docembed.evaluation.statistics import (
+    LONG_DOCUMENT_TOKENS,
+    minilm_lengths,
+    sample_indices,
+    standard_error,
+)
 from docembed.types import MultiVectors
 
-LONG_TOKENS = 512
 LONG_LIMIT = 600
 TRAIN_LIMIT = 1000  # probe training documents when no --limit is given (all lengths, stratified)
 
 
-def minilm_lengths(texts: list[str]) -> np.ndarray:
-    """WordPiece token counts with all-MiniLM-L6-v2's tokenizer (special tokens included)."""
-    from transformers import AutoTokenizer
-
-    from docembed.models.offline import minilm_path
-
-    tokenizer = AutoTokenizer.from_pretrained(str(minilm_path()))
-    tokenizer.model_max_length = 10**9  # counting, not encoding: no "longer than the maximum" warning
-    lengths = []
-    for start in range(0, len(texts), 512):
-        encoded = tokenizer(texts[start : start + 512], add_special_tokens=True, truncation=False)
-        lengths.extend(len(ids) for ids in encoded["input_ids"])
-    return np.asarray(lengths, dtype=np.int64)
-
-
 def long_rows(name: str, data_root: str | None, rng: np.random.Generator, limit: int) -> list[dict]:
-    """Records of data set `name` over LONG_TOKENS tokens: a seeded sample of at most `limit`, in order;
-    each keeps its position in the data set as `index`."""
+    """Records of data set `name` over LONG_DOCUMENT_TOKENS tokens: a seeded sample of at most `limit`, in
+    order; each keeps its position in the data set as `index`."""
     from docembed import datasets
 
     rows = list(datasets.records(name, data_root))
     lengths = minilm_lengths([r["text"] for r in rows])
-    long = np.flatnonzero(lengths > LONG_TOKENS)
+    long = np.flatnonzero(lengths > LONG_DOCUMENT_TOKENS)
     if len(long) > limit:
         long = np.sort(rng.choice(long, size=limit, replace=False))
     return [{**rows[i], "tokens": int(lengths[i]), "index": int(i)} for i in long]
 
 
-def standard_error(values: np.ndarray) -> float:
-    return float(np.std(values, ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
-
-
 class LongDocumentClassification(Evaluator):
+    """Built from the probe's training texts and labels and the evaluated `rows` ({"text", "label"}, and
+    "tokens" where known): probe accuracy and same-label retrieval among the rows."""
+
     primary_metric = "accuracy"
     source = ""
+    name = "long-document-classification"
     split = "test"  # "train" for the -val tasks: evaluated on long train documents
+
+    def __init__(
+        self,
+        train_texts: Sequence[str],
+        train_labels: Sequence,
+        rows: Sequence[dict],
+        options=None,
+        embed=None,
+        fit_corpus=None,
+    ):
+        super().__init__(options, embed, fit_corpus)
+        self.train_texts, self.train_labels = list(train_texts), list(train_labels)
+        self.rows = list(rows)
 
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
         return tuple(dict.fromkeys((f"{self.source}/train", f"{self.source}/{self.split}")))
 
-    def fit_texts(self) -> list[str]:
-        return self._train()[0]
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> LongDocumentClassification:
+        """At most LONG_LIMIT long documents of the split (seeded), and a probe training sample of the train
+        split (`options.limit` or TRAIN_LIMIT, stratified; for -val tasks, outside the evaluated sample)."""
+        from docembed import datasets
+        from docembed.evaluation.base import EvalOptions
+
+        options = options or EvalOptions()
+        evaluated = long_rows(
+            f"{cls.source}/{cls.split}", options.data_root, np.random.default_rng(options.seed), LONG_LIMIT
+        )
+        train = list(datasets.records(f"{cls.source}/train", options.data_root))
+        if cls.split == "train":  # the probe never sees the validation documents
+            indices = {r["index"] for r in evaluated}
+            train = [r for i, r in enumerate(train) if i not in indices]
+        labels = [r["label"] for r in train]
+        rng = np.random.default_rng(options.seed)
+        keep = sample_indices(len(train), options.limit or TRAIN_LIMIT, rng, labels)
+        texts, labels = [train[i]["text"] for i in keep], [labels[i] for i in keep]
+        return cls(texts, labels, evaluated, options, **kwargs)._from_root()
+
+    def texts(self) -> list[str]:
+        return list(self.train_texts)
 
     def fit_description(self) -> str:
+        if not self.read_from_data_root:
+            return "the probe's training texts"
         held_out = ", outside the validation sample" if self.split == "train" else ""
         return f"the {self.source} train split (a stratified sample, all lengths{held_out})"
 
-    def _evaluated(self) -> list[dict]:
-        # Kept: the probe's split (for -val tasks) and compute() both need it, and it tokenizes a whole split.
-        if getattr(self, "_evaluated_rows", None) is None:
-            self._evaluated_rows = long_rows(
-                f"{self.source}/{self.split}", self.options.data_root, self.rng(), LONG_LIMIT
-            )
-        return self._evaluated_rows
-
-    def _train(self) -> tuple[list[str], list]:
-        from docembed import datasets
-        from docembed.evaluation.tasks import _subset
-
-        rows = list(datasets.records(f"{self.source}/train", self.options.data_root))
-        if self.split == "train":  # the probe never sees the validation documents
-            evaluated = {r["index"] for r in self._evaluated()}
-            rows = [r for i, r in enumerate(rows) if i not in evaluated]
-        labels = [r["label"] for r in rows]
-        keep = _subset(len(rows), self.options.limit or TRAIN_LIMIT, self.rng(), labels)
-        return [rows[i]["text"] for i in keep], [labels[i] for i in keep]
-
     def compute(self, model) -> dict[str, Any]:
-        train_texts, train_labels = self._train()
-        test = self._evaluated()
-        texts = [r["text"] for r in test]
-        gold = np.asarray([r["label"] for r in test])
+        texts = [r["text"] for r in self.rows]
+        gold = np.asarray([r["label"] for r in self.rows])
         predicted, c = train_test_predictions(
-            self.embed_for_probe(model, train_texts),
-            train_labels,
+            self.embed_for_probe(model, self.train_texts),
+            self.train_labels,
             self.embed_for_probe(model, texts),
             seed=self.options.seed,
         )
         correct = (predicted == gold).astype(np.float64)
         retrieval = label_retrieval(similarity_rows(self, model, texts), gold, self.rng())
-        self.notes.append(
-            f"{len(test)} {self.source} {self.split} documents over {LONG_TOKENS} MiniLM tokens "
-            f"(median {int(np.median([r['tokens'] for r in test]))}); probe trained on {len(train_texts)}"
-        )
+        if self.read_from_data_root:
+            median = int(np.median([r["tokens"] for r in self.rows])) if self.rows else 0
+            self.notes.append(
+                f"{len(self.rows)} {self.source} {self.split} documents over {LONG_DOCUMENT_TOKENS} MiniLM "
+                f"tokens (median {median}); probe trained on {len(self.train_texts)}"
+            )
         return {
             "accuracy": 100.0 * float(correct.mean()),
             "accuracy_se": 100.0 * standard_error(correct),
@@ -125,8 +132,8 @@ class LongDocumentClassification(Evaluator):
             "map@100_se": retrieval["map@100_se"],
             "p@10": retrieval["p@10"],
             "knn_accuracy": retrieval["knn_accuracy"],
-            "documents": len(test),
-            "train_docs": len(train_texts),
+            "documents": len(self.rows),
+            "train_docs": len(self.train_texts),
             "c": c,
             "per_item": {"accuracy": correct.tolist(), "map@100": retrieval["per_item"]},
         }
@@ -162,46 +169,69 @@ class NewsgroupsLongValidation(NewsgroupsLong):
 
 @register_task
 class Halves(Evaluator):
+    """Each of `documents` is cut in two at its middle word; its first half queries the second halves of
+    all of them: MRR x100, ties counted against the right half."""
+
     name = "halves"
     primary_metric = "mrr"
     description = "first half -> second half of long IMDB and 20NG test documents: MRR x100"
     datasets = ("imdb/test", "20newsgroups/test")
 
-    def fit_texts(self) -> list[str]:
-        from docembed import datasets
-        from docembed.evaluation.tasks import _subset
+    def __init__(self, documents: Sequence[str], options=None, embed=None, fit_corpus=None):
+        super().__init__(options, embed, fit_corpus)
+        self.documents = list(documents)
 
-        texts = []
-        for name in ("imdb/train", "20newsgroups/train"):
-            rows = list(datasets.records(name, self.options.data_root))
-            keep = _subset(len(rows), self.options.limit or TRAIN_LIMIT // 2, self.rng())
-            texts += [rows[i]["text"] for i in keep]
-        return texts
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> Halves:
+        """At most LONG_LIMIT / 2 long documents of each data set (seeded); baselines fit on samples of the
+        IMDB and 20 Newsgroups train splits."""
+        from docembed import datasets
+        from docembed.evaluation.base import EvalOptions
+
+        options = options or EvalOptions()
+        rng = np.random.default_rng(options.seed)
+        rows = []
+        for name in cls.datasets:
+            rows += long_rows(name, options.data_root, rng, LONG_LIMIT // 2)
+
+        def train_samples() -> list[str]:
+            texts = []
+            for name in ("imdb/train", "20newsgroups/train"):
+                train = list(datasets.records(name, options.data_root))
+                sample_rng = np.random.default_rng(options.seed)
+                keep = sample_indices(len(train), options.limit or TRAIN_LIMIT // 2, sample_rng)
+                texts += [train[i]["text"] for i in keep]
+            return texts
+
+        kwargs.setdefault("fit_corpus", train_samples)
+        return cls([r["text"] for r in rows], options, **kwargs)._from_root()
+
+    def texts(self) -> list[str]:
+        return list(self.documents)
 
     def fit_description(self) -> str:
+        if not self.read_from_data_root:
+            return "the documents themselves"
         return "samples of the IMDB and 20 Newsgroups train splits"
 
     def compute(self, model) -> dict[str, Any]:
-        rng = self.rng()
-        rows = []
-        for name in self.datasets:
-            rows += long_rows(name, self.options.data_root, rng, LONG_LIMIT // 2)
         firsts, seconds = [], []
-        for row in rows:
-            words = row["text"].split()
+        for text in self.documents:
+            words = text.split()
             middle = len(words) // 2
             firsts.append(" ".join(words[:middle]))
             seconds.append(" ".join(words[middle:]))
         reciprocal = _pair_reciprocal_ranks(self, model, firsts, seconds)
-        self.notes.append(
-            f"{len(rows)} {self.datasets[0].split('/')[1]} documents over {LONG_TOKENS} MiniLM tokens, "
-            "cut at the middle word"
-        )
+        if self.read_from_data_root:
+            self.notes.append(
+                f"{len(self.documents)} {self.datasets[0].split('/')[1]} documents over "
+                f"{LONG_DOCUMENT_TOKENS} MiniLM tokens, cut at the middle word"
+            )
         return {
             "mrr": 100.0 * float(reciprocal.mean()),
             "mrr_se": 100.0 * standard_error(reciprocal),
             "top1": 100.0 * float((reciprocal == 1.0).mean()),
-            "documents": len(rows),
+            "documents": len(self.documents),
             "per_item": {"mrr": reciprocal.tolist()},
         }
 

@@ -45,13 +45,18 @@ def choose_c(features, labels: np.ndarray, grid: Sequence[float], k: int, seed: 
 
 
 def senteval_cv_accuracy(
-    features, labels: Sequence, outer_folds: int = 10, inner_folds: int = 10, seed: int = 1111
+    features,
+    labels: Sequence,
+    outer_folds: int = 10,
+    inner_folds: int = 10,
+    seed: int = 1111,
+    grid: Sequence[float] = SENTEVAL_GRID,
 ) -> dict[str, float]:
-    """Mean held-out accuracy (in [0, 1]) over the outer folds, with the C chosen in each fold."""
+    """Mean held-out accuracy (in [0, 1]) over the outer folds, with the C of `grid` chosen in each fold."""
     labels = np.asarray(labels)
     accuracies, chosen = [], []
     for train, test in stratified_folds(labels, outer_folds, seed):
-        c = choose_c(features[train], labels[train], SENTEVAL_GRID, inner_folds, seed)
+        c = choose_c(features[train], labels[train], grid, inner_folds, seed)
         probe = _probe(c, seed).fit(features[train], labels[train])
         accuracies.append(probe.score(features[test], labels[test]))
         chosen.append(c)
@@ -59,10 +64,15 @@ def senteval_cv_accuracy(
 
 
 def train_test_predictions(
-    train_features, train_labels, test_features, seed: int = 1111, inner_folds: int = 3
+    train_features,
+    train_labels,
+    test_features,
+    seed: int = 1111,
+    inner_folds: int = 3,
+    grid: Sequence[float] = DOCUMENT_GRID,
 ):
-    """Predictions of a probe trained on the training split (C chosen by inner CV), and the chosen C."""
+    """Predictions of a probe trained on the training split (C of `grid` chosen by inner CV), and the C."""
     train_labels = np.asarray(train_labels)
-    c = choose_c(train_features, train_labels, DOCUMENT_GRID, inner_folds, seed)
+    c = choose_c(train_features, train_labels, grid, inner_folds, seed)
     probe = _probe(c, seed).fit(train_features, train_labels)
     return probe.predict(test_features), c

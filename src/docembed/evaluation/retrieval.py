@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from docembed.evaluation import metrics
+from docembed.evaluation.statistics import standard_error
 from docembed.types import MultiVectors
 
 K_MAP, K_PRECISION, K_NEIGHBOURS = 100, 10, 10
@@ -47,9 +48,7 @@ def label_retrieval(
     aps_array = np.asarray(aps)
     return {
         "map@100": 100.0 * float(aps_array.mean()),
-        "map@100_se": 100.0 * float(aps_array.std(ddof=1) / np.sqrt(len(aps)))
-        if len(aps) > 1
-        else float("nan"),
+        "map@100_se": 100.0 * standard_error(aps_array),
         "p@10": 100.0 * float(np.mean(precisions)),
         "knn_accuracy": 100.0 * float(np.mean(knn_hits)),
         "per_item": [round(float(a), 6) for a in aps],

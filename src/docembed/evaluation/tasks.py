@@ -10,28 +10,10 @@ import numpy as np
 from docembed.errors import DocembedError
 from docembed.evaluation import metrics
 from docembed.evaluation.base import Evaluator, register_task
-from docembed.evaluation.probes import senteval_cv_accuracy, train_test_predictions
+from docembed.evaluation.probes import SENTEVAL_GRID, senteval_cv_accuracy, train_test_predictions
 from docembed.evaluation.retrieval import label_retrieval, similarity_rows
+from docembed.evaluation.statistics import LONG_DOCUMENT_TOKENS, sample_indices
 from docembed.types import MultiVectors, Vectors
-
-LONG_DOCUMENT_TOKENS = 512
-
-
-def _subset(
-    n: int, limit: int | None, rng: np.random.Generator, labels: Sequence | None = None
-) -> np.ndarray:
-    """Indices of a seeded subset of size `limit` (stratified by `labels` when given), in data order."""
-    if limit is None or limit >= n:
-        return np.arange(n)
-    if labels is None or limit < len(set(labels)):
-        return np.sort(rng.choice(n, size=limit, replace=False))
-    from sklearn.model_selection import train_test_split
-
-    seed = int(rng.integers(2**31 - 1))
-    chosen, _ = train_test_split(
-        np.arange(n), train_size=limit, stratify=np.asarray(labels), random_state=seed
-    )
-    return np.sort(chosen)
 
 
 def _rows(vectors: Vectors, indices: Sequence[int]) -> Vectors:
@@ -49,13 +31,27 @@ def _sparse_rowwise_dot(left, right) -> np.ndarray:
 class ParaphraseIdentification(Evaluator):
     """NUGGET's document-level paraphrase identification: rank 20 candidates for each source document.
     MRR x100 with the candidates shuffled (fixed seed) and ties counted against the gold; `per_item` keeps
-    each query's reciprocal rank."""
+    each query's reciprocal rank.
+
+    Built from `docs` (id -> text) and `queries` ({"source": id, "candidates": [ids], "answer": index of the
+    gold candidate}). `options.limit` keeps a seeded sample of the queries at evaluation time (drawn with
+    the same generator that shuffles the candidates): `evaluated_queries()` are the ones scored."""
 
     name = "paraphrase-identification"
     primary_metric = "mrr"
     description = "PI dev (NUGGET paper): MRR x100 over 20 candidates, pessimistic ties"
     split = "dev"
     supports_scorers = True
+
+    def __init__(
+        self, docs: dict[str, str], queries: Sequence[dict], options=None, embed=None, fit_corpus=None
+    ):
+        super().__init__(options, embed, fit_corpus)
+        self.docs, self.queries = dict(docs), list(queries)
+        for query in self.queries:
+            missing = [i for i in [query["source"], *query["candidates"]] if i not in self.docs]
+            if missing:
+                raise DocembedError(f"{self.name}: unknown document id(s) {missing[:3]}")
 
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -64,29 +60,36 @@ class ParaphraseIdentification(Evaluator):
             f"paraphrase_identification/{self.split}/task",
         )
 
-    def _load(self) -> tuple[dict[str, str], list[dict]]:
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> ParaphraseIdentification:
         from docembed import datasets
+        from docembed.evaluation.base import EvalOptions
 
-        root = self.options.data_root
-        docs = {d.id: d.text for d in datasets.documents(self.datasets[0], root)}
-        queries = list(datasets.records(self.datasets[1], root))
-        for query in queries:
-            missing = [i for i in [query["source"], *query["candidates"]] if i not in docs]
-            if missing:
-                raise DocembedError(f"{self.datasets[1]}: unknown document id(s) {missing[:3]}")
-        return docs, queries
+        options = options or EvalOptions()
+        root = options.data_root
+        docs = {d.id: d.text for d in datasets.documents(f"paraphrase_identification/{cls.split}/docs", root)}
+        queries = list(datasets.records(f"paraphrase_identification/{cls.split}/task", root))
+        return cls(docs, queries, options, **kwargs)._from_root()
 
-    def fit_texts(self) -> list[str]:
-        docs, _ = self._load()
-        return list(docs.values())
+    def texts(self) -> list[str]:
+        return list(self.docs.values())
 
     def fit_description(self) -> str:
         return f"every document of the {self.split} split (the unlabelled pool the candidates come from)"
 
+    def evaluated_queries(self) -> list[dict]:
+        """The queries compute() scores: all of them, or the seeded `options.limit` sample."""
+        return [self.queries[i] for i in sample_indices(len(self.queries), self.options.limit, self.rng())]
+
+    def evaluated_texts(self) -> list[str]:
+        """The documents compute() embeds, in the order it embeds them (sorted by id)."""
+        chosen = self.evaluated_queries()
+        return [self.docs[i] for i in sorted({i for q in chosen for i in [q["source"], *q["candidates"]]})]
+
     def compute(self, model) -> dict[str, Any]:
-        docs, queries = self._load()
+        docs, queries = self.docs, self.queries
         rng = self.rng()
-        queries = [queries[i] for i in _subset(len(queries), self.options.limit, rng)]
+        queries = [queries[i] for i in sample_indices(len(queries), self.options.limit, rng)]
         score_lists, golds = [], []
         # Shuffle first: the gold stands first in ~98% of the given lists, so list order must carry no signal.
         shuffled = []
@@ -134,34 +137,54 @@ class ParaphraseIdentificationTrain(ParaphraseIdentification):
 
 # --- SentEval classification ----------------------------------------------------------------------------
 class SentEvalClassification(Evaluator):
-    """Logistic-regression probe, 10-fold stratified CV (shuffle, seed 1111), C by inner CV (SentEval)."""
+    """Logistic-regression probe, 10-fold stratified CV (shuffle, seed 1111), C by inner CV (SentEval).
+    Built from `sentences` and their `labels`; `grid` is the probe's C grid (SentEval's 2^-2..2^3 when
+    None)."""
 
     primary_metric = "accuracy"
     source = ""
+    name = "senteval"
+
+    def __init__(
+        self,
+        sentences: Sequence[str],
+        labels: Sequence,
+        options=None,
+        embed=None,
+        fit_corpus=None,
+        grid: Sequence[float] | None = None,
+    ):
+        super().__init__(options, embed, fit_corpus)
+        self.sentences, self.labels = list(sentences), list(labels)
+        self.grid = tuple(grid) if grid is not None else SENTEVAL_GRID
 
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
         return (f"senteval/{self.source}",)
 
-    def _load(self) -> tuple[list[str], list]:
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> SentEvalClassification:
+        """The set's sentences, a seeded sample of `options.limit` stratified by label."""
         from docembed import datasets
+        from docembed.evaluation.base import EvalOptions
 
-        rows = list(datasets.records(self.datasets[0], self.options.data_root))
+        options = options or EvalOptions()
+        rows = list(datasets.records(f"senteval/{cls.source}", options.data_root))
         labels = [r["label"] for r in rows]
-        keep = _subset(len(rows), self.options.limit, self.rng(), labels)
-        return [rows[i]["text"] for i in keep], [labels[i] for i in keep]
+        keep = sample_indices(len(rows), options.limit, np.random.default_rng(options.seed), labels)
+        return cls([rows[i]["text"] for i in keep], [labels[i] for i in keep], options, **kwargs)._from_root()
 
-    def fit_texts(self) -> list[str]:
-        return self._load()[0]
+    def texts(self) -> list[str]:
+        return list(self.sentences)
 
     def fit_description(self) -> str:
         return "all sentences of the set, without labels (SentEval has no fixed training split)"
 
     def compute(self, model) -> dict[str, Any]:
-        texts, labels = self._load()
+        texts, labels = self.sentences, self.labels
         features = self.embed_for_probe(model, texts)
         outer, inner = (5, 3) if self.options.fast else (10, 10)
-        result = senteval_cv_accuracy(features, labels, outer, inner, seed=self.options.seed)
+        result = senteval_cv_accuracy(features, labels, outer, inner, seed=self.options.seed, grid=self.grid)
         return {
             "accuracy": 100.0 * result["accuracy"],
             "accuracy_std": 100.0 * result["accuracy_std"],
@@ -192,48 +215,85 @@ for _source, _title in (
 
 # --- STS ------------------------------------------------------------------------------------------------
 class SemanticSimilarity(Evaluator):
-    """Unsupervised STS: Spearman x100 between similarity (cosine, or mean-MaxSim) and human scores."""
+    """Unsupervised STS: Spearman x100 between similarity (cosine, or mean-MaxSim) and human scores.
+    Built from `sentences1`, `sentences2` (pair i is sentences1[i], sentences2[i]) and the gold `scores`."""
 
     primary_metric = "spearman"
     source = ""
+    name = "sts"
 
     split = "test"  # "dev" for model selection
+
+    def __init__(
+        self,
+        sentences1: Sequence[str],
+        sentences2: Sequence[str],
+        scores: Sequence[float],
+        options=None,
+        embed=None,
+        fit_corpus=None,
+    ):
+        super().__init__(options, embed, fit_corpus)
+        if not len(sentences1) == len(sentences2) == len(scores):
+            raise DocembedError(f"{self.name}: sentences1, sentences2 and scores differ in length")
+        self.sentences1, self.sentences2 = list(sentences1), list(sentences2)
+        self.scores = [float(s) for s in scores]
 
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
         return (f"senteval/{self.source}-{self.split}",)
 
-    def fit_texts(self) -> list[str]:
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> SemanticSimilarity:
+        """The split's pairs (a seeded `options.limit` sample); baselines fit on the train split's text."""
         from docembed import datasets
+        from docembed.evaluation.base import EvalOptions
 
-        rows = datasets.records(f"senteval/{self.source}-train", self.options.data_root)
-        return [t for r in rows for t in (r["s1"], r["s2"])]
+        options = options or EvalOptions()
+        rows = list(datasets.records(f"senteval/{cls.source}-{cls.split}", options.data_root))
+        rows = [
+            rows[i] for i in sample_indices(len(rows), options.limit, np.random.default_rng(options.seed))
+        ]
+
+        def train_sentences() -> list[str]:
+            train = datasets.records(f"senteval/{cls.source}-train", options.data_root)
+            return [t for r in train for t in (r["s1"], r["s2"])]
+
+        kwargs.setdefault("fit_corpus", train_sentences)
+        pairs = ([r["s1"] for r in rows], [r["s2"] for r in rows], [r["score"] for r in rows])
+        return cls(*pairs, options, **kwargs)._from_root()
+
+    def texts(self) -> list[str]:
+        return [t for pair in zip(self.sentences1, self.sentences2, strict=True) for t in pair]
+
+    def fit_description(self) -> str:
+        return "the task's training split" if self.read_from_data_root else "the pairs' sentences"
 
     def compute(self, model) -> dict[str, Any]:
-        from docembed import datasets
         from docembed.scoring import score_pairs
 
-        rows = list(datasets.records(self.datasets[0], self.options.data_root))
-        rows = [rows[i] for i in _subset(len(rows), self.options.limit, self.rng())]
-        sentences = sorted({t for r in rows for t in (r["s1"], r["s2"])})
+        sentences = sorted(set(self.sentences1) | set(self.sentences2))
         index = {s: i for i, s in enumerate(sentences)}
-        left = [index[r["s1"]] for r in rows]
-        right = [index[r["s2"]] for r in rows]
+        left = [index[s] for s in self.sentences1]
+        right = [index[s] for s in self.sentences2]
         if model.supports("sparse"):
             vectors = model.encode_sparse(sentences)
             predicted = _sparse_rowwise_dot(vectors[left], vectors[right])
         else:
             vectors = self.embed(model, sentences)
             predicted = score_pairs(_rows(vectors, left), _rows(vectors, right))
-        gold = np.array([float(r["score"]) for r in rows])
+        gold = np.array(self.scores)
         from scipy.stats import pearsonr
 
-        pearson = float(pearsonr(predicted, gold).statistic) if len(rows) > 1 else 0.0
+        pearson = float(pearsonr(predicted, gold).statistic) if len(gold) > 1 else 0.0
         return {
             "spearman": 100.0 * metrics.spearman(predicted, gold),
             "pearson": 100.0 * (0.0 if np.isnan(pearson) else pearson),
-            "pairs": len(rows),
+            "pairs": len(gold),
         }
+
+
+STSEvaluator = SemanticSimilarity  # the sentence-transformers name of the same thing
 
 
 @register_task
@@ -286,37 +346,53 @@ def token_lengths(model, texts: Sequence[str]) -> tuple[np.ndarray, str]:
 
 class DocumentClassification(Evaluator):
     """Linear probe trained on the train split, accuracy x100 on test; also on the long test documents
-    (more than 512 tokens), where document embedders should beat truncating sentence encoders."""
+    (more than 512 tokens), where document embedders should beat truncating sentence encoders. Built from
+    the training texts and labels and the test texts and labels."""
 
     primary_metric = "accuracy"
     source = ""
+    name = "document-classification"
+
+    def __init__(
+        self,
+        train_texts: Sequence[str],
+        train_labels: Sequence,
+        test_texts: Sequence[str],
+        test_labels: Sequence,
+        options=None,
+        embed=None,
+        fit_corpus=None,
+    ):
+        super().__init__(options, embed, fit_corpus)
+        self.train_texts, self.train_labels = list(train_texts), list(train_labels)
+        self.test_texts, self.test_labels = list(test_texts), list(test_labels)
 
     @property
     def datasets(self) -> tuple[str, ...]:  # type: ignore[override]
         return (f"{self.source}/train", f"{self.source}/test")
 
-    def _split(self, split: str) -> tuple[list[str], list]:
-        from docembed import datasets
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> DocumentClassification:
+        """Both splits, each a seeded `options.limit` sample stratified by label."""
+        from docembed.evaluation.base import EvalOptions
 
-        rows = list(datasets.records(f"{self.source}/{split}", self.options.data_root))
-        labels = [r["label"] for r in rows]
-        keep = _subset(len(rows), self.options.limit, self.rng(), labels)
-        return [rows[i]["text"] for i in keep], [labels[i] for i in keep]
+        options = options or EvalOptions()
+        train = labelled_sample(f"{cls.source}/train", options)
+        test = labelled_sample(f"{cls.source}/test", options)
+        return cls(*train, *test, options, **kwargs)._from_root()
 
-    def fit_texts(self) -> list[str]:
-        return self._split("train")[0]
+    def texts(self) -> list[str]:
+        return list(self.train_texts)
 
     def compute(self, model) -> dict[str, Any]:
-        train_texts, train_labels = self._split("train")
-        test_texts, test_labels = self._split("test")
         predicted, c = train_test_predictions(
-            self.embed_for_probe(model, train_texts),
-            train_labels,
-            self.embed_for_probe(model, test_texts),
+            self.embed_for_probe(model, self.train_texts),
+            self.train_labels,
+            self.embed_for_probe(model, self.test_texts),
             seed=self.options.seed,
         )
-        gold = np.asarray(test_labels)
-        lengths, which = token_lengths(model, test_texts)
+        gold = np.asarray(self.test_labels)
+        lengths, which = token_lengths(model, self.test_texts)
         long = lengths > LONG_DOCUMENT_TOKENS
         self.notes.append(f"long subset: test documents over {LONG_DOCUMENT_TOKENS} tokens of {which}")
         return {
@@ -325,11 +401,21 @@ class DocumentClassification(Evaluator):
             "accuracy_short": 100.0 * metrics.accuracy(predicted[~long], gold[~long])
             if (~long).any()
             else None,
-            "train_docs": len(train_texts),
-            "test_docs": len(test_texts),
+            "train_docs": len(self.train_texts),
+            "test_docs": len(self.test_texts),
             "long_docs": int(long.sum()),
             "c": c,
         }
+
+
+def labelled_sample(name: str, options) -> tuple[list[str], list]:
+    """(texts, labels) of data set `name`: a seeded `options.limit` sample stratified by label, in order."""
+    from docembed import datasets
+
+    rows = list(datasets.records(name, options.data_root))
+    labels = [r["label"] for r in rows]
+    keep = sample_indices(len(rows), options.limit, np.random.default_rng(options.seed), labels)
+    return [rows[i]["text"] for i in keep], [labels[i] for i in keep]
 
 
 @register_task
@@ -347,34 +433,44 @@ class TwentyNewsgroups(DocumentClassification):
 
 
 # --- retrieval ----------------------------------------------------------------------------------------
-@register_task
-class NewsgroupsRetrieval(Evaluator):
-    """Each 20 Newsgroups test document queries all the others; relevant = same newsgroup. MAP@100 and
-    P@10 (x100), and leave-one-out kNN accuracy (k=10 majority vote, ties to the better-ranked label).
-    Ties in similarity are broken by a seeded random order, never by data order."""
+class LabelRetrieval(Evaluator):
+    """Each document queries all the others; relevant = same label. MAP@100 and P@10 (x100), and
+    leave-one-out kNN accuracy (k=10 majority vote, ties to the better-ranked label). Ties in similarity are
+    broken by a seeded random order, never by data order. Built from `documents` and their `labels`."""
 
-    name = "20newsgroups-retrieval"
+    name = "label-retrieval"
     primary_metric = "map@100"
+
+    def __init__(self, documents: Sequence[str], labels: Sequence, options=None, embed=None, fit_corpus=None):
+        super().__init__(options, embed, fit_corpus)
+        self.documents, self.labels = list(documents), list(labels)
+
+    def texts(self) -> list[str]:
+        return list(self.documents)
+
+    def compute(self, model) -> dict[str, Any]:
+        labels = np.asarray(self.labels)
+        result = label_retrieval(similarity_rows(self, model, self.documents), labels, self.rng())
+        return {k: result[k] for k in ("map@100", "p@10", "knn_accuracy")} | {
+            "documents": len(self.documents)
+        }
+
+
+@register_task
+class NewsgroupsRetrieval(LabelRetrieval):
+    name = "20newsgroups-retrieval"
     description = "20 Newsgroups test: query-by-document, MAP@100 / P@10 / kNN accuracy x100"
     datasets = ("20newsgroups/test",)
 
-    def fit_texts(self) -> list[str]:
-        from docembed import datasets
+    @classmethod
+    def from_data_root(cls, options=None, **kwargs) -> NewsgroupsRetrieval:
+        """The test posts (a seeded `options.limit` sample stratified by group); baselines fit on the train
+        split (the same `--limit`, stratified)."""
+        from docembed.evaluation.base import EvalOptions
 
-        rows = list(datasets.records("20newsgroups/train", self.options.data_root))
-        keep = _subset(len(rows), self.options.limit, self.rng(), [r["label"] for r in rows])
-        return [rows[i]["text"] for i in keep]
+        options = options or EvalOptions()
+        kwargs.setdefault("fit_corpus", lambda: labelled_sample("20newsgroups/train", options)[0])
+        return cls(*labelled_sample("20newsgroups/test", options), options, **kwargs)._from_root()
 
     def fit_description(self) -> str:
         return "the 20 Newsgroups train split (the same --limit, stratified)"
-
-    def compute(self, model) -> dict[str, Any]:
-        from docembed import datasets
-
-        rows = list(datasets.records(self.datasets[0], self.options.data_root))
-        labels_all = [r["label"] for r in rows]
-        keep = _subset(len(rows), self.options.limit, self.rng(), labels_all)
-        texts = [rows[i]["text"] for i in keep]
-        labels = np.asarray([labels_all[i] for i in keep])
-        result = label_retrieval(similarity_rows(self, model, texts), labels, self.rng())
-        return {k: result[k] for k in ("map@100", "p@10", "knn_accuracy")} | {"documents": len(texts)}

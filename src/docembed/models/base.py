@@ -113,6 +113,28 @@ class Encoder(ABC):
     def to(self, device: str) -> Encoder:
         return self
 
+    # --- rebuilding from an offline base (the zoo ships only what training changed, see models/zoo.py) ---
+    # Files besides the weights that `from_base` reads (QuickThoughts' vocabulary), shipped beside them.
+    base_files: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def offline_base(cls, config: dict[str, Any]) -> str | None:
+        """The offline base (a key of `offline.BASES`) a model with this config starts training from, or
+        None when it starts from anything else: only models built from an offline base ship as overlays."""
+        return None
+
+    @classmethod
+    def from_base(cls, config: dict[str, Any], files: Path | None = None, seed: int = 0) -> Encoder:
+        """The model exactly as its training starts: built from its offline base with `config` (a trained
+        model's config is accepted: fitted state in it is dropped), random parts drawn from `seed`, and the
+        files in `base_files` read from `files`. The zoo loads its overlay on top; train-* starts from it."""
+        raise NotSupportedError(f"the {cls.family} family is not built from an offline base")
+
+    @property
+    def weights_module(self):
+        """The torch module whose state is the model's weights (what save() writes, the zoo overlays)."""
+        raise NotSupportedError(f"the {self.family} family has no torch weights")
+
     # --- optional capabilities (declared in `capabilities`) -------------------------------------------
     def supports(self, capability: str) -> bool:
         return capability in self.capabilities

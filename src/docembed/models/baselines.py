@@ -2,8 +2,8 @@
 
 `tfidf` and `bm25` learn corpus statistics (vocabulary, idf). They expose the optional fit hook that the
 evaluator uses: `requires_fit` is true until `fit(texts)` has run (or a fitted model was loaded), and
-`fitted_on` (a hash of the fit texts) joins the embedding-cache key. `docembed fit tfidf CORPUS -o DIR`
-fits and saves one.
+`fitted_on` (a hash of the fit texts) joins the embedding-cache key. `fit_tfidf(texts, config, DIR)` (what
+`docembed fit tfidf CORPUS -o DIR` runs) fits and saves one; `fit_bm25` likewise.
 
 Output of `tfidf.encode()`: tf-idf rows (sublinear tf, l2-normalised) are sparse and as wide as the
 vocabulary, so encode() returns dense float32 rows of a fixed-size TruncatedSVD projection (LSA,
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, read_config
-from docembed.models.registry import register
+from docembed.models.families import register
 from docembed.text import TOKENIZERS
 from docembed.text import tokenize as tokenize_words
 from docembed.types import l2_normalize, texts_hash
@@ -297,6 +297,33 @@ class BM25Scorer(FittedBaseline):
         model.num_docs, model.avg_len = int(vocab["num_docs"]), float(vocab["avg_len"])
         model.fitted_on = payload.get("fitted_on") or "loaded"
         return model
+
+
+# --- fitting from Python: `docembed fit`, `encode --fit` ---------------------------------------------------
+def fit_tfidf(
+    texts: Iterable[str], config: TfidfConfig | None = None, output: str | Path | None = None
+) -> TfidfEncoder:
+    """Fit TF-IDF on `texts` with `config` (default: `docembed fit tfidf`'s); with `output`, save it there."""
+    return _fit_and_save(TfidfEncoder(config or TfidfConfig(), name="tfidf"), texts, output)
+
+
+def fit_bm25(
+    texts: Iterable[str], config: BM25Config | None = None, output: str | Path | None = None
+) -> BM25Scorer:
+    """Fit BM25's corpus statistics on `texts` with `config` (default: `docembed fit bm25`'s); with `output`,
+    save them there."""
+    return _fit_and_save(BM25Scorer(config or BM25Config(), name="bm25"), texts, output)
+
+
+def _fit_and_save(model: FittedBaseline, texts: Iterable[str], output: str | Path | None):
+    from docembed.runtime import log
+
+    texts = list(texts)
+    model.fit(texts)
+    if output is not None:
+        model.save(output)
+    log(f"fitted {model.family} on {len(texts)} documents" + (f" -> {output}" if output is not None else ""))
+    return model
 
 
 # --- averaged GloVe ---------------------------------------------------------------------------------------

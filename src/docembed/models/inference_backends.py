@@ -97,7 +97,7 @@ def weights_fingerprint(directory: str | Path) -> str:
 
 
 def cache_dir(fingerprint: str, backend: str, precision: str, extra: str = "") -> Path:
-    from docembed.models.registry import models_home
+    from docembed.runtime import models_home
 
     engine = importlib.import_module(ENGINE_MODULES[backend][0])
     key = json.dumps(

@@ -39,8 +39,8 @@ from torch import nn
 
 from docembed.errors import DocembedError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
+from docembed.models.families import register
 from docembed.models.nugget_backbones import BACKBONES, backbone_path, load_tokenizer
-from docembed.models.registry import register
 from docembed.types import MultiVectors
 
 TOKENIZER_SUBDIR = "tokenizer"
@@ -387,6 +387,23 @@ class NuggetEncoder(Encoder):
         self.model.eval()
         self.device = "cpu"
 
+    # --- built from MiniLM (the zoo and train-nugget start here) -------------------------------------
+    @classmethod
+    def offline_base(cls, config: dict[str, Any]) -> str | None:
+        return "minilm" if config.get("backbone", "minilm") == "minilm" else None
+
+    @classmethod
+    def from_base(cls, config, files: Path | None = None, seed: int = 0) -> NuggetEncoder:
+        values = config.to_dict() if isinstance(config, NuggetConfig) else dict(config)
+        # A trained model's config carries the architecture it saved; the base supplies it afresh.
+        values.update(encoder_config={}, decoder_config={})
+        torch.manual_seed(seed)
+        return cls(NuggetConfig.from_dict(values))
+
+    @property
+    def weights_module(self) -> torch.nn.Module:
+        return self.model
+
     # --- encoder interface --------------------------------------------------------------------------
     @property
     def multi_vector(self) -> bool:
@@ -463,6 +480,56 @@ class NuggetEncoder(Encoder):
             for v, _, _ in items
         ]
         return MultiVectors.from_list(vectors, [p for _, p, _ in items])
+
+    # --- token states computed once (benches: many selectors over one frozen encoder) ----------------
+    def padded_batches(self, ids: list[list[int]], batch_size: int):
+        """(positions in `ids`, input ids, attention mask) batches of similar lengths, as encode() runs."""
+        return self._batches(ids, batch_size)
+
+    @torch.no_grad()
+    def token_states(self, texts: Sequence[str], batch_size: int = 32) -> dict[tuple[int, ...], tuple]:
+        """Token ids -> (layer l's states, the last layer's states) of each text. Any model whose token
+        states depend on no trained weight (`model.cacheable`) over the same frozen backbone and scorer
+        layer can then encode these texts from them (`encode_from_states`) without running the encoder."""
+        network = self.model.eval()
+        ids = self.tokenize(texts)
+        states = {}
+        for chunk, input_ids, attention in self._batches(ids, batch_size):
+            bottom, mask = network.bottom_states(input_ids, attention)
+            top = network.upper_states(bottom, mask)
+            for row, i in enumerate(chunk):
+                n = len(ids[i])
+                states[tuple(ids[i])] = (bottom[row, :n].clone(), top[row, :n].clone())
+        return states
+
+    @torch.no_grad()
+    def encode_from_states(self, texts: Sequence[str], states: dict, batch_size: int = 64) -> MultiVectors:
+        """encode(texts) from `token_states` of them (computed by this model or one sharing its frozen
+        backbone): the selection and W_V only, the computation of NuggetModel.forward."""
+        if not self.model.cacheable:
+            raise UsageError("encode_from_states needs a frozen encoder without feedback (model.cacheable)")
+        if not len(texts):
+            return self.encode([])
+        network = self.model.eval()
+        ids = self.tokenize(texts)
+        vectors = [np.zeros((0, self.dim), np.float32)] * len(ids)
+        positions = [np.zeros(0, np.int64)] * len(ids)
+        for chunk, input_ids, attention in self._batches(ids, batch_size):
+            width = input_ids.shape[1]
+            bottom = torch.zeros((len(chunk), width, self.dim), device=input_ids.device)
+            top = torch.zeros_like(bottom)
+            for row, i in enumerate(chunk):
+                n = len(ids[i])
+                bottom[row, :n], top[row, :n] = states[tuple(ids[i])]
+            out = network.from_states(bottom, top, input_ids, attention)
+            nuggets = out.nuggets.float()
+            if self.normalized:
+                nuggets = torch.nn.functional.normalize(nuggets, dim=-1)
+            for row, i in enumerate(chunk):
+                k = int(out.slots[row].sum())
+                vectors[i] = nuggets[row, :k].cpu().numpy()
+                positions[i] = out.indices[row, :k].cpu().numpy()
+        return MultiVectors.from_list(vectors, positions)
 
     @torch.no_grad()
     def reconstruct_ids(

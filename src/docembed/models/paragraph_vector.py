@@ -27,7 +27,7 @@ import numpy as np
 from docembed.errors import CorruptModelError, UsageError
 from docembed.io.readers import Document
 from docembed.models.base import WEIGHTS_NAME, Encoder, EncoderConfig, read_config
-from docembed.models.registry import register
+from docembed.models.families import register
 from docembed.text import tokenize as tokenize_words
 from docembed.types import l2_normalize
 
@@ -254,6 +254,36 @@ def train_paragraph_vectors(
         models[kind] = model
     encoder = ParagraphVectorEncoder(config, models=models, tags=list(corpus.ids))
     return encoder, stats
+
+
+def fit_pv(
+    corpus: Iterable[Document] | Iterable[str],
+    config: PVConfig | None = None,
+    output: str | Path | None = None,
+) -> ParagraphVectorEncoder:
+    """Fit Paragraph Vectors on `corpus` (re-iterable: texts, or Documents whose ids become the tags) with
+    `config` (default: `docembed train-pv`'s), and with `output` save the model there with its
+    train_log.jsonl (words/s per sub-model). What `train-pv`, `encode --fit` and the distillation's PV
+    teacher run."""
+    from docembed.runtime import log
+
+    config = config or PVConfig()
+    started = time.perf_counter()
+    encoder, stats = train_paragraph_vectors(corpus, config)
+    if getattr(corpus, "skipped", 0):  # a DocumentReader with --skip-invalid counts what it left out
+        log(f"skipped {corpus.skipped} invalid line(s) of {corpus.name} in each pass")
+    if output is not None:
+        output = Path(output)
+        encoder.save(output)
+        with open(output / "train_log.jsonl", "w", encoding="utf-8") as handle:
+            for entry in stats:
+                handle.write(json.dumps(entry.to_dict()) + "\n")
+    where = f" -> {output}" if output is not None else ""
+    log(
+        f"trained pv-{config.mode} (dim {encoder.dim}) on {len(encoder.tags)} documents in "
+        f"{time.perf_counter() - started:.1f}s{where}"
+    )
+    return encoder
 
 
 @register

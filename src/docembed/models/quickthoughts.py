@@ -29,7 +29,7 @@ from torch import nn
 
 from docembed.errors import CorruptModelError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
-from docembed.models.registry import register
+from docembed.models.families import register
 from docembed.runtime import log
 from docembed.tensors import pad_sequences
 from docembed.text import Vocabulary, split_sentences, tokenize
@@ -127,6 +127,39 @@ class QuickThoughtsEncoder(Encoder):
         self.module = (module or QuickThoughtsModule(config)).to(device).eval()
         self.device = device
         self._expanded: tuple[Vocabulary, torch.Tensor | None] | None = None  # built at first use
+
+    # --- built from GloVe 6B 50d (the zoo starts here) -------------------------------------------------
+    base_files = (VOCAB_NAME,)
+
+    @classmethod
+    def offline_base(cls, config: dict) -> str | None:
+        return "glove-6b-50d" if config.get("vectors") is None else None
+
+    @classmethod
+    def from_base(
+        cls, config, files: Path | None = None, seed: int = 0, vocabulary: Vocabulary | None = None
+    ) -> QuickThoughtsEncoder:
+        """Word embeddings initialised from the base vectors for `vocabulary` (or `files`/vocab.json), the
+        GRUs drawn from `seed`."""
+        from docembed.models.word_vectors import initial_embeddings
+
+        if not isinstance(config, QuickThoughtsConfig):
+            config = QuickThoughtsConfig.from_dict(config)
+        qt_config = config
+        if vocabulary is None:
+            if files is None:
+                raise UsageError("quickthoughts.from_base needs a vocabulary or the folder of its vocab.json")
+            vocabulary = Vocabulary.load(Path(files) / VOCAB_NAME)
+        torch.manual_seed(seed)
+        matrix, _ = initial_embeddings(vocabulary, qt_config.embedding_dim, qt_config.vectors, seed=seed)
+        module = QuickThoughtsModule(qt_config)
+        with torch.no_grad():
+            module.embedding.weight.copy_(torch.from_numpy(matrix))
+        return cls(qt_config, vocabulary=vocabulary, module=module)
+
+    @property
+    def weights_module(self) -> nn.Module:
+        return self.module
 
     @property
     def multi_vector(self) -> bool:

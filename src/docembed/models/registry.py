@@ -4,7 +4,7 @@
 1. a path to a saved model directory (its config.json names the family);
 2. a name under the models home (`$DOCEMBED_HOME/models/<name>`, default `~/.cache/docembed/models`);
 3. a built-in name (`sbert`, `nugget`, ...: see `BUILTIN`); the trained ones (`shipped=True`) load from the
-   package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.zoo);
+   package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.models.zoo);
 4. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
 
 Family modules are imported only when a model of that family is loaded, so the CLI starts fast.
@@ -12,42 +12,13 @@ Family modules are imported only when a model of that family is loaded, so the C
 
 from __future__ import annotations
 
-import importlib
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from docembed.errors import CorruptModelError, ModelNotFoundError
-
-# family name -> module that defines it (imported lazily)
-FAMILY_MODULES: dict[str, str] = {
-    "sbert": "docembed.models.sbert",
-    "pv": "docembed.models.paragraph_vector",
-    "tfidf": "docembed.models.baselines",
-    "bm25": "docembed.models.baselines",
-    "glove-avg": "docembed.models.baselines",
-    "nugget": "docembed.models.nugget",
-    "student": "docembed.models.student",
-    "quickthoughts": "docembed.models.quickthoughts",
-    "setenc": "docembed.models.setenc",
-}
-
-_FAMILIES: dict[str, type] = {}
-
-
-def register(cls):
-    """Class decorator: make a family loadable by its `family` name."""
-    _FAMILIES[cls.family] = cls
-    return cls
-
-
-def get_family(name: str):
-    if name not in _FAMILIES:
-        if name not in FAMILY_MODULES:
-            raise CorruptModelError(f"unknown model family {name!r}")
-        importlib.import_module(FAMILY_MODULES[name])
-    return _FAMILIES[name]
+from docembed.models.families import get_family
+from docembed.runtime import models_home
 
 
 @dataclass(frozen=True)
@@ -107,7 +78,9 @@ BUILTIN: dict[str, ZooEntry] = {
 }
 
 
-# Families fitted on the user's own corpus: no shipped weights, one command makes a model directory.
+# Families fitted on the user's own corpus: no shipped weights, one command makes a model directory. These
+# strings are what users are told to run (messages only); from Python each family is fitted by its function
+# in docembed.training.fitting.FIT_FUNCTIONS (tests/test_fitting.py keeps the two tables alike).
 FIT_COMMANDS: dict[str, str] = {
     "pv": "docembed train-pv CORPUS -o DIR",
     "setenc": "docembed train-setenc CORPUS -o DIR",
@@ -134,14 +107,6 @@ def fit_hint(name: str) -> str:
     )
 
 
-def models_home() -> Path:
-    root = os.environ.get("DOCEMBED_HOME")
-    if root:
-        return Path(root).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache) / "docembed"
-
-
 def _saved_family(directory: Path) -> str:
     from docembed.models.base import read_config
 
@@ -154,7 +119,7 @@ def load_model(spec: str, device: str = "cpu"):
     home_path = models_home() / "models" / spec
     for candidate in (path, home_path):
         if candidate.is_dir():
-            from docembed import zoo
+            from docembed.models import zoo
 
             if zoo.is_zoo_dir(candidate):  # a zoo directory given by path: base + overlay
                 return zoo.load(candidate, device=device, name=candidate.name)
@@ -166,7 +131,7 @@ def load_model(spec: str, device: str = "cpu"):
     if spec in BUILTIN:
         entry = BUILTIN[spec]
         if entry.shipped:
-            from docembed import zoo
+            from docembed.models import zoo
 
             return zoo.load(zoo.model_dir(spec), device=device, name=spec)
         cls = get_family(entry.family)
@@ -193,7 +158,7 @@ def how_to_get(name: str) -> str:
     """What a user does to use `name`: nothing (ready), nothing (shipped), or the command that fits it."""
     entry = BUILTIN.get(name)
     if entry is not None and entry.shipped:
-        from docembed import zoo
+        from docembed.models import zoo
 
         return "shipped" if zoo.shipped(name) else "not shipped yet: `make zoo`"
     if name in FIT_COMMANDS:

@@ -21,8 +21,8 @@ import numpy as np
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.models import inference_backends
 from docembed.models.base import Encoder, EncoderConfig, read_config
+from docembed.models.families import register
 from docembed.models.offline import resolve_sbert
-from docembed.models.registry import register
 from docembed.types import MultiVectors, Vectors, l2_normalize
 
 ST_SUBDIR = "sentence_transformer"

@@ -32,7 +32,7 @@ import numpy as np
 
 from docembed.errors import CorruptModelError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
-from docembed.models.registry import register
+from docembed.models.families import register
 
 
 @dataclass

@@ -29,7 +29,7 @@ import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
-from docembed.models.registry import register
+from docembed.models.families import register
 from docembed.types import l2_normalize
 
 TOKENIZER_SUBDIR = "tokenizer"
@@ -71,6 +71,31 @@ class StudentEncoder(Encoder):
         self.model = model
         self.tokenizer = tokenizer
         self.device = "cpu"
+
+    # --- built from MiniLM (the zoo and train-distill start here) -------------------------------------
+    @classmethod
+    def offline_base(cls, config: dict[str, Any]) -> str | None:
+        return "minilm" if config.get("source", "") in SOURCE_ALIASES else None
+
+    @classmethod
+    def from_base(cls, config, files: Path | None = None, seed: int = 0) -> StudentEncoder:
+        """`convert_long` of the config's source at the length its positions were tiled to (a trained
+        student may read fewer tokens than it was built for: `max_length` is kept)."""
+        import torch
+
+        trained = config if isinstance(config, StudentConfig) else StudentConfig.from_dict(config)
+        built_length = trained.max_length
+        if trained.longformer:
+            pad = int(trained.longformer.get("pad_token_id", 0))
+            built_length = int(trained.longformer["max_position_embeddings"]) - pad - 1
+        torch.manual_seed(seed)
+        encoder = convert_long(trained.source, built_length, trained.attention_window, trained.normalize)
+        encoder.config.max_length = trained.max_length
+        return encoder
+
+    @property
+    def weights_module(self):
+        return self.model
 
     # --- encoding -----------------------------------------------------------------------------------
     @property

@@ -8,7 +8,8 @@
 
 Teacher vectors are computed once per corpus and cached on disk (`docembed.encoding.EmbeddingCache`), keyed
 by the teacher's identity and each document's text hash, so training never recomputes them and a second
-run on an overlapping corpus only encodes the new documents.
+run on an overlapping corpus only encodes the new documents. `student_to_train` and `teacher_vectors` set up
+what `docembed train-distill` trains from.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from docembed.errors import UsageError
 from docembed.io.readers import batched
 from docembed.losses.distill import DepthLoss
 from docembed.losses.soft_cca import SoftCCALoss
-from docembed.models.student import StudentEncoder, masked_mean
+from docembed.models.student import StudentConfig, StudentEncoder, masked_mean
 from docembed.tensors import PackedSequences, pad_sequences
-from docembed.training.loop import Recipe
+from docembed.training.loop import Recipe, main_process_first
 
 
 # --- which teacher vectors count (the vectors themselves: docembed.encoding.EmbeddingCache) ---------------
@@ -38,6 +39,118 @@ def depth_weights(teacher, texts: Sequence[str], weight: float = 1.0) -> np.ndar
     tokenizer, limit = teacher.tokenizer, teacher.max_seq_length
     lengths = np.array([len(ids) for ids in tokenizer(list(texts), truncation=False)["input_ids"]])
     return np.where(lengths <= limit, weight, 0.0).astype(np.float32)
+
+
+# --- the student and the teachers' vectors (what train-distill starts from) --------------------------------
+def student_to_train(
+    student: str, max_length: int | None = None, attention_window: int = 256, seed: int = 0
+) -> StudentEncoder:
+    """A saved student folder (convert-long's output; `max_length` caps its length), or else the source
+    `student` converted to a long student as convert-long does (`max_length` tokens, default 4096)."""
+    if Path(student).is_dir() and (Path(student) / "config.json").exists():
+        model = StudentEncoder.load(student)
+        if max_length:
+            model.config.max_length = min(max_length, model.config.max_length)
+        return model
+    config = StudentConfig(max_length=max_length or 4096, attention_window=attention_window, source=student)
+    return StudentEncoder.from_base(config, seed=seed)
+
+
+@dataclass
+class TeacherVectors:
+    """The teachers' vectors of the training texts (None for a teacher not used)."""
+
+    sbert: np.ndarray | None = None
+    sbert_weights: np.ndarray | None = None  # lambda(x) per text
+    pv: np.ndarray | None = None
+    pv_model: str | None = None  # the PV teacher's folder (trained here when none was given)
+
+
+def teacher_vectors(
+    cache,
+    texts: list[str],
+    teachers: set[str],
+    device: str = "cpu",
+    sbert_model: str = "sbert",
+    depth_weight: float = 1.0,
+    depth_target: str = "whole",
+    pv_model: str | None = None,
+    pv_corpus: Iterable | None = None,
+    pv_dir: str | Path | None = None,
+    pv_mode: str = "concat",
+    pv_dim: int = 100,
+    seed: int = 0,
+) -> TeacherVectors:
+    """The vectors of `teachers` ("sbert", "pv") for `texts`, from `cache` (an EmbeddingCache) or computed
+    into it. Without `pv_model`, a PV teacher is first fitted on `pv_corpus` (the whole corpus) into `pv_dir`.
+    Under torchrun rank 0 fills the cache first and the other ranks read it."""
+    found = TeacherVectors()
+    with main_process_first(device):
+        if "sbert" in teachers:
+            found.sbert, found.sbert_weights = sbert_teacher(
+                cache, sbert_model, texts, depth_weight, device, depth_target
+            )
+        if "pv" in teachers:
+            found.pv_model, found.pv = pv_teacher(
+                cache, pv_model, texts, pv_dir, pv_corpus, pv_mode, pv_dim, seed
+            )
+    return found
+
+
+def sbert_teacher(
+    cache, sbert_model: str, texts: list[str], depth_weight: float, device: str, depth_target: str = "whole"
+):
+    """The depth teacher's vectors of `texts` (cached) and each text's depth-loss weight lambda(x)."""
+    from docembed.models.registry import load_model
+    from docembed.runtime import log
+
+    sbert = load_model(sbert_model, device=device)
+    if not hasattr(sbert, "tokenizer") or not hasattr(sbert, "max_seq_length"):
+        raise UsageError(f"--sbert-model {sbert_model!r} is not an SBERT model")
+    if depth_target not in ("whole", "chunks"):
+        raise UsageError(f"--depth-target must be whole or chunks, got {depth_target!r}")
+    if depth_target == "chunks":
+        # a target for every document: the teacher averaged over consecutive windows it reads whole
+        sbert.config.output = "chunks"
+        vectors = cache.vectors(sbert, texts, label=f"sbert-chunks teacher ({sbert.name})")
+        log(
+            f"depth loss applies to all {len(texts)} documents (targets: {sbert.name} over 256-token windows)"
+        )
+        return vectors, np.full(len(texts), depth_weight, dtype=np.float32)
+    vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
+    weights = depth_weights(sbert, texts, depth_weight)
+    log(
+        f"depth loss applies to {int((weights > 0).sum())} of {len(texts)} documents "
+        f"(<= {sbert.max_seq_length} {sbert.name} tokens)"
+    )
+    return vectors, weights
+
+
+def pv_teacher(
+    cache,
+    pv_model: str | None,
+    texts: list[str],
+    pv_dir: str | Path | None,
+    corpus: Iterable | None,
+    mode: str = "concat",
+    dim: int = 100,
+    seed: int = 0,
+):
+    """The breadth teacher's path and its vectors of `texts` (cached). Without `pv_model`, a PV teacher is
+    first fitted on `corpus` into `pv_dir` (kept, so a resumed run reuses it)."""
+    from docembed.models.paragraph_vector import PVConfig, fit_pv
+    from docembed.models.registry import load_model
+    from docembed.runtime import log
+
+    if pv_model is None:
+        pv_model = str(pv_dir)
+        if not (Path(pv_model) / "config.json").exists():
+            name = getattr(corpus, "name", "the corpus")
+            log(f"no --pv-model: training a PV teacher ({mode}, dim {dim}) on {name} -> {pv_model}")
+            # train-pv's defaults, one worker thread so the teacher is reproducible
+            fit_pv(corpus, PVConfig(mode=mode, vector_size=dim, workers=1, seed=seed), pv_model)
+    pv = load_model(pv_model)
+    return pv_model, cache.vectors(pv, texts, label=f"pv teacher ({pv.name})")
 
 
 # --- the module the loop trains ---------------------------------------------------------------------------

@@ -11,6 +11,10 @@ The same code runs on one device and under `torchrun --nproc_per_node N`:
 - The checkpoint records how many global batches of the current epoch are done, so a run can resume
   with a different number of ranks.
 - Only rank 0 writes checkpoints, the log and the final model; logged losses are averaged over ranks.
+- Validation (nanoGPT's eval_interval, sentence-transformers' load_best_model_at_end): given a `validate`
+  hook, every `eval_every` steps and at the end rank 0 scores the module (eval mode, no_grad) while the
+  other ranks wait; the best-scoring weights are kept in `<output_dir>/best/`, and the recipe saves them
+  at the end unless `save_last`.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -52,6 +56,8 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     time_budget_s: float | None = None  # stop (and save) after this many seconds of training
+    eval_every: int = 0  # optimizer steps between validations (0: only at the end); needs a validate hook
+    save_last: bool = False  # save the last weights, not the best-validated ones
 
     def __post_init__(self):
         # Checked here, not only in the CLI, so a bad setting from any caller is one clear line, not an
@@ -82,6 +88,7 @@ class TrainConfig:
             ("--save-every", self.save_every, 1),
             ("--warmup-steps", self.warmup_steps, 0),
             ("--decay-steps", self.decay_steps, 0),
+            ("--eval-every", self.eval_every, 0),
         ):
             if value < least:
                 raise bad(flag, value, f"give an integer of {least} or more")
@@ -129,6 +136,17 @@ class Recipe(ABC):
     def num_batches(self, epoch: int) -> int | None:
         """Optional: the number of global batches per epoch, for the progress bar."""
         return None
+
+
+class Validate(Protocol):
+    """The validation hook `train(..., validate=)` calls: metrics of the module being trained, on the device
+    it trains on. `primary_metric` (default "score") names the one that chooses the best weights; higher is
+    better. The loop calls it on rank 0 only, with the module in eval mode and under no_grad
+    (docembed.evaluation.validation.Validation scores evaluation tasks)."""
+
+    primary_metric: str
+
+    def __call__(self, device: str) -> dict[str, float]: ...
 
 
 @dataclass
@@ -253,8 +271,51 @@ class Checkpoint:
         return json.loads((self.dir / "state.json").read_text())
 
 
-def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
-    """Run `recipe` to completion; returns a summary (steps, seconds, throughput, last losses)."""
+class BestWeights:
+    """`<output_dir>/best/`: the module weights that validated best (safetensors) and `state.json`
+    {"step", "metric", "score", "eval"}; a resumed run reads the record, so a better earlier best survives."""
+
+    def __init__(self, output_dir: Path):
+        self.dir = output_dir / "best"
+
+    def record(self) -> dict | None:
+        path = self.dir / "state.json"
+        return json.loads(path.read_text()) if path.exists() else None
+
+    def save(self, module: nn.Module, record: dict) -> None:
+        from safetensors.torch import save_file
+
+        tmp = self.dir.with_name("best.tmp")
+        tmp.mkdir(parents=True, exist_ok=True)
+        save_file(untied_state(module), str(tmp / "model.safetensors"))
+        (tmp / "state.json").write_text(json.dumps(record, indent=2))
+        self.clear()
+        tmp.rename(self.dir)
+
+    def load(self, module: nn.Module, device: str) -> None:
+        from safetensors.torch import load_file
+
+        state = load_file(str(self.dir / "model.safetensors"), device=device)
+        load_untied_state(module, state, f"{self.dir} does not match this run's model")
+
+    def clear(self) -> None:
+        """Forget a best of an earlier run (a fresh run in the same folder must not compare with it)."""
+        if self.dir.exists():
+            for name in ("model.safetensors", "state.json"):
+                (self.dir / name).unlink(missing_ok=True)
+            self.dir.rmdir()
+
+
+def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None) -> dict[str, Any]:
+    """Run `recipe` to completion; returns a summary (steps, seconds, throughput, last losses, and with
+    `validate` the best validation step and score).
+
+    `validate` (see `Validate`) runs every `config.eval_every` optimizer steps and after the last one; the
+    recipe then saves the best-validated weights, or the last with `config.save_last`."""
+    if config.eval_every and validate is None:
+        from docembed.errors import UsageError
+
+        raise UsageError("--eval-every needs something to validate on: give --eval-task too")
     device = resolve_device(config.device)
     env, device = _setup_distributed(device)
     torch.manual_seed(config.seed + env.rank)
@@ -275,7 +336,8 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
 
     checkpoint = Checkpoint(output_dir)
     step, epoch, done_in_epoch = 0, 0, 0
-    if config.resume and checkpoint.exists():
+    resumed = config.resume and checkpoint.exists()
+    if resumed:
         state = checkpoint.load(module, optimizer, device)
         step, epoch, done_in_epoch = state["step"], state["epoch"], state["batches_done_in_epoch"]
         log(f"resumed from {checkpoint.dir}: step {step}, epoch {epoch}, batch {done_in_epoch}")
@@ -283,9 +345,37 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
         log(f"nothing to resume in {output_dir} (no checkpoint): training from step 0")
 
     log_path = output_dir / "train_log.jsonl"
+    best_weights = BestWeights(output_dir)
+    best = None  # the best validation record so far (rank 0)
+    evaluated_at = -1  # the step last validated
     if env.is_main:
         # Lines logged after the checkpoint we start from describe steps that will be trained again.
         _truncate_log(log_path, after_step=step)
+        if not resumed:
+            best_weights.clear()
+        elif validate is not None:
+            # Kept even when recorded after the checkpoint: those weights were trained and scored.
+            best = best_weights.record()
+            evaluated_at = _last_validated_step(log_path)
+            if best is not None:
+                log(f"best so far: {best['metric']} {best['score']:.4g} at step {best['step']}")
+    primary = getattr(validate, "primary_metric", "score")
+    eval_seconds = 0.0
+
+    def run_validation() -> float:
+        """Validate at `step` on rank 0 (the others wait); keep the weights if best. Returns the seconds."""
+        nonlocal best, evaluated_at
+        began = time.perf_counter()
+        if env.is_main:
+            best, line = _validate(validate, module, device, step, primary, best, best_weights)
+            _append_log(log_path, line)
+        if env.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+        evaluated_at = step
+        return time.perf_counter() - began
+
     started = time.perf_counter()
     units_total = 0
     last: dict[str, float] = {}
@@ -336,6 +426,10 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
                     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": group_end + 1}
                     if step % config.log_every == 0:
                         last = _log_window(window, env, device, position, recipe.unit, log_path, bar)
+                    if validate is not None and config.eval_every and step % config.eval_every == 0:
+                        spent = run_validation()
+                        eval_seconds += spent
+                        window["t0"] += spent  # throughput counts training time only
                     if env.is_main and step % config.save_every == 0:
                         checkpoint.save(module, optimizer, position)
                     out_of_time = bool(config.time_budget_s) and _any_rank(
@@ -360,18 +454,25 @@ def train(recipe: Recipe, config: TrainConfig) -> dict[str, Any]:
             log(f"interrupted: checkpoint at step {position['step']} saved; continue with --resume")
         raise
 
+    if validate is not None and _rank0_decides(evaluated_at != step, env, device):
+        eval_seconds += run_validation()
     seconds = time.perf_counter() - started
     units_all = _reduce_mean({"u": float(units_total)}, env, device)["u"] * env.world_size
     summary = {
         "steps": step,
         "epochs_completed": epoch,
         "seconds": round(seconds, 2),
-        f"{recipe.unit}_per_s": round(units_all / max(seconds, 1e-9), 1),
+        f"{recipe.unit}_per_s": round(units_all / max(seconds - eval_seconds, 1e-9), 1),
         "world_size": env.world_size,
         "device": device,
         "last": last,
         "config": asdict(config),
     }
+    if validate is not None:
+        summary["validation_seconds"] = round(eval_seconds, 2)
+        summary["best"], summary["saved"] = _restore_best(
+            module, config, env, device, step, best, best_weights
+        )
     if env.is_main:
         module.eval()
         recipe.save(output_dir)
@@ -436,6 +537,86 @@ def _log_window(window, env, device, position, unit, log_path: Path, bar) -> dic
             handle.write(json.dumps(line) + "\n")
     window.update(units=0, t0=time.perf_counter(), sums={}, n=0)
     return {k: v for k, v in means.items() if math.isfinite(v)}
+
+
+def _validate(validate, module, device, step, primary, best, best_weights) -> tuple[dict, dict]:
+    """Score the module at `step`; save its weights when they beat `best`. Returns (best, log line)."""
+    module.eval()
+    # The hook's random draws (if any) must not change the training run that follows.
+    cuda = [torch.device(device).index or 0] if device.startswith("cuda") else []
+    with torch.random.fork_rng(devices=cuda), torch.no_grad():
+        metrics = {k: float(v) for k, v in validate(device).items()}
+    module.train()
+    if primary not in metrics:
+        raise KeyError(f"the validation hook returned no {primary!r} (it returned {sorted(metrics)})")
+    if best is not None and sorted(best["eval"]) != sorted(metrics):
+        log(f"the best so far was scored on {sorted(best['eval'])}: keeping a new best from here")
+        best = None
+    score = metrics[primary]
+    improved = best is None or score > best["score"]
+    if improved:
+        best = {"step": step, "metric": primary, "score": score, "eval": metrics}
+        best_weights.save(module, best)
+    others = "  ".join(f"{k} {v:.4g}" for k, v in metrics.items() if k != primary)
+    log(
+        f"validation at step {step}: {primary} {score:.4g}"
+        + (f"  ({others})" if others else "")
+        + ("  new best" if improved else f"  (best {best['score']:.4g} at step {best['step']})")
+    )
+    return best, {"step": step, "eval": {k: round(v, 6) for k, v in metrics.items()}, "best": improved}
+
+
+def _restore_best(module, config, env, device, step, best, best_weights) -> tuple[dict | None, str]:
+    """Load the best-validated weights into the module for the recipe to save (on every rank), unless
+    `save_last`. Returns (the best record, "best" or "last": which weights the recipe saves)."""
+    saved = "last" if config.save_last else "best"
+    load = False
+    record = None
+    if env.is_main and best is not None:
+        record = {k: best[k] for k in ("step", "metric", "score")}
+        found = f"{best['metric']} {best['score']:.4g} at step {best['step']}"
+        if best["step"] == step:
+            log(f"saving the weights of the last step, the best-validated ({found})")
+        elif config.save_last:
+            log(
+                f"saving the last weights (step {step}); the best-validated ({found}) are in "
+                f"{best_weights.dir}"
+            )
+        else:
+            log(f"saving the best-validated weights ({found}, of {step} steps); --save-last keeps the last")
+            best_weights.load(module, device)
+            load = True
+    if env.world_size > 1 and _rank0_decides(load, env, device):  # every rank returns the same model
+        import torch.distributed as dist
+
+        for tensor in module.state_dict().values():
+            dist.broadcast(tensor, 0)
+    return record, saved
+
+
+def _rank0_decides(flag: bool, env: DistEnv, device: str) -> bool:
+    """Rank 0's `flag` on every rank (a decision that leads into collectives must be the same everywhere)."""
+    if env.world_size == 1:
+        return flag
+    import torch.distributed as dist
+
+    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.broadcast(tensor, 0)
+    return bool(tensor.item())
+
+
+def _append_log(log_path: Path, line: dict) -> None:
+    with open(log_path, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
+def _last_validated_step(log_path: Path) -> int:
+    """The step of the last validation line in the log (-1: none): a resumed run that ends where it
+    started does not validate the same weights twice."""
+    if not log_path.exists():
+        return -1
+    lines = (json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return max((line["step"] for line in lines if "eval" in line), default=-1)
 
 
 def _truncate_log(log_path: Path, after_step: int) -> None:

@@ -18,7 +18,7 @@ towards the warm start.
 `train_ratio` selects more nuggets while training than the model keeps when it encodes (its `ratio`).
 Top-k has no gradient, so the residual only ever reaches the selected tokens: trained at r = 0.1, the
 scorer is never told that a token just below the cut should come in. Trained at 0.25, the residual covers
-the tokens around the 0.1 cut too, and the scorer learns to order them (docs/zoo/nugget.md measures it).
+the tokens around the 0.1 cut too, and the scorer learns to order them (zoo/nugget/card.md measures it).
 """
 
 from __future__ import annotations
@@ -254,3 +254,55 @@ def _pad_states(rows: list[torch.Tensor]) -> torch.Tensor:
     for i, row in enumerate(rows):
         out[i, : len(row)] = row.float()
     return out
+
+
+# --- training pairs from PI train (what `make zoo` trains the shipped model on) ----------------------------
+HELD_OUT_QUERIES = 256  # the last 256 PI *train* queries and their documents: never trained on
+STS_MIN_SCORE = {"senteval/stsb-train": 4.0, "senteval/sick-train": 4.0}  # STS-B 0-5, SICK 1-5
+
+
+def held_out_train_documents(tasks: list[dict]) -> set[str]:
+    """Ids of the source and gold documents of the last HELD_OUT_QUERIES of the PI train `tasks`. (Their
+    other candidates are drawn from the whole split, most of them the gold of some training pair: they stay
+    in training.)"""
+    return {i for t in tasks[-HELD_OUT_QUERIES:] for i in (t["source"], t["candidates"][t["answer"]])}
+
+
+def pi_train_pairs(docs: dict[str, str], tasks, held: set[str]) -> Iterator[tuple[str, str, list[str]]]:
+    """(source, gold, negatives) texts of every PI task whose source and gold documents are not in `held`;
+    the negatives are the task's other candidates outside `held` (what PI asks a model to rank below the
+    paraphrase). Tasks with an empty source or gold are skipped."""
+    for task in tasks:
+        source, gold = task["source"], task["candidates"][task["answer"]]
+        if source in held or gold in held or not docs[source].strip() or not docs[gold].strip():
+            continue
+        others = [docs[c] for c in task["candidates"] if c != gold and c not in held and docs[c].strip()]
+        yield docs[source], docs[gold], others
+
+
+def write_training_pairs(path: str | Path, sts: bool = True, data_root: str | None = None) -> dict[str, int]:
+    """Write JSON Lines {"source", "target"[, "negatives"]} paraphrase pairs, both directions, for
+    `train-nugget`: PI train (task source -> gold candidate, the task's other candidates as negatives; the
+    held-out queries' documents excluded) and (`sts`) the STS-B / SICK *train* pairs scored >= 4. No PI dev
+    text. Returns the pair count of each source."""
+    import json
+
+    from docembed import datasets
+
+    docs = {d.id: d.text for d in datasets.documents("paraphrase_identification/train/docs", data_root)}
+    tasks = list(datasets.records("paraphrase_identification/train/task", data_root))
+    pairs = {"pi_train": list(pi_train_pairs(docs, tasks, held_out_train_documents(tasks)))}
+    for name, minimum in STS_MIN_SCORE.items() if sts else ():
+        rows = datasets.records(name, data_root)
+        pairs[name] = [(r["s1"], r["s2"], []) for r in rows if r["score"] >= minimum]
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as out:
+        for rows in pairs.values():
+            for a, b, negatives in rows:
+                for source, target in ((a, b), (b, a)):
+                    row = {"source": source, "target": target}
+                    if negatives:
+                        row["negatives"] = negatives
+                    out.write(json.dumps(row, ensure_ascii=False) + "\n")
+    return {name: len(rows) for name, rows in pairs.items()}

@@ -1,6 +1,6 @@
 """Exporting a training run into the zoo and the regression check each shipped model states. Tooling for
-scripts/zoo.py, scripts/make_zoo.py and tests; loading lives in docembed.zoo, which this module sits above
-(it runs the evaluation harness)."""
+scripts/zoo.py, scripts/make_zoo.py and tests; loading lives in docembed.models.zoo, which this module sits
+above (it runs the evaluation harness)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from docembed.errors import DocembedError
-from docembed.zoo import (
-    BASES,
+from docembed.models.offline import BASES
+from docembed.models.zoo import (
     CARD_NAME,
     CHECK_NAME,
-    FAMILY_BASE,
-    FAMILY_FILES,
     FP16_TOLERANCE,
     OVERLAY_NAME,
     ZOO_DIR,
@@ -32,8 +30,8 @@ def overlay_state(family: str, config: dict[str, Any], files: Path, trained_stat
     from the rebuild, and those the rebuild draws at random (they differ between two seeds)."""
     import torch
 
-    _, first = rebuild(family, config, files, seed=0)
-    _, second = rebuild(family, config, files, seed=1)
+    first = rebuild(family, config, files, seed=0).weights_module
+    second = rebuild(family, config, files, seed=1).weights_module
     base_a, base_b = first.state_dict(), second.state_dict()
     missing = [k for k in base_a if k not in trained_state]
     unknown = [k for k in trained_state if k not in base_a]
@@ -87,17 +85,18 @@ def export(
     from safetensors.torch import save_file
 
     from docembed.models.base import read_config
+    from docembed.models.families import get_family
     from docembed.models.registry import load_model
 
     run_dir = Path(run_dir)
     payload = read_config(run_dir)
     family = payload["family"]
-    if family not in FAMILY_BASE:
-        raise DocembedError(f"the zoo ships {', '.join(FAMILY_BASE)} models, not {family}")
-    base = BASES[FAMILY_BASE[family]]
+    base_name = get_family(family).offline_base(payload["config"])
+    if base_name is None:
+        raise DocembedError(f"this {family} model does not start from an offline base, so it cannot ship")
+    base = BASES[base_name]
     trained = load_model(str(run_dir))
-    module = trained.module if family == "quickthoughts" else trained.model
-    kept = overlay_state(family, payload["config"], run_dir, module.state_dict())
+    kept = overlay_state(family, payload["config"], run_dir, trained.weights_module.state_dict())
     drop = list(drop or [])
     kept = {k: v for k, v in kept.items() if not k.startswith(tuple(drop))} if drop else kept
 
@@ -105,7 +104,7 @@ def export(
     staging = target.with_name(f".{name}.tmp")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    for filename in FAMILY_FILES.get(family, []):
+    for filename in get_family(family).base_files:
         shutil.copy2(run_dir / filename, staging / filename)
     texts = check_texts or DEFAULT_CHECK_TEXTS
     reference = _scores(trained, texts)
