@@ -1,5 +1,6 @@
 """Speed, as ratios measured side by side in one process on the same inputs:
 
+- static: the `static` model vs `sbert` and `glove-avg` through `docembed.load(...).encode`, same reviews;
 - encode: docembed's encode path (`encode_documents` with the `sbert` zoo model, what `docembed encode`
   runs) vs sentence-transformers' `SentenceTransformer.encode` called directly; same MiniLM weights, same
   texts (IMDB train reviews), same batch size 32;
@@ -127,6 +128,31 @@ def bench_encode(n_texts: int, repeats: int) -> dict:
     }
 
 
+def bench_static(n_texts: int, repeats: int) -> dict:
+    """The `static` model (a table lookup per token, every token read) against `sbert` (MiniLM, 256 tokens)
+    and `glove-avg`, through the public API on the same IMDB reviews, whatever threads torch has."""
+    import docembed
+    from docembed import datasets
+
+    texts = list(datasets.iter_texts("imdb/train", limit=n_texts))
+    rows, seconds = [], {}
+    for name in ("static", "glove-avg", "sbert"):
+        model = docembed.load(name, device="cpu")
+        t, m, _ = measure(
+            lambda model=model: model.encode(texts, batch_size=32),
+            repeats,
+            lambda model=model: model.encode(texts[:8]),
+        )
+        seconds[name] = t
+        rows.append(_row(f"docembed.load({name!r}).encode", t, m, len(texts), "docs"))
+    return {
+        "data": f"imdb/train, first {len(texts)} reviews (static and glove-avg read every token, sbert 256)",
+        "rows": rows,
+        "ratio_sbert_over_static_time": round(seconds["sbert"] / seconds["static"], 1),
+        "ratio_glove_over_static_time": round(seconds["glove-avg"] / seconds["static"], 2),
+    }
+
+
 def _token_sets(n: int, rng: np.random.Generator, dim: int = 384):
     from docembed.types import MultiVectors, l2_normalize
 
@@ -233,6 +259,7 @@ def main(out_dir: pathlib.Path, full: bool = False) -> dict:
         "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
         "load_before": os.getloadavg(),
         "encode": bench_encode(sizes["encode_texts"], sizes["repeats"]),
+        "static": bench_static(sizes["encode_texts"], sizes["repeats"]),
         "maxsim": bench_maxsim(sizes["maxsim_pairs"], sizes["maxsim_docs"], sizes["repeats"]),
         "search": bench_search(sizes["search_vectors"], sizes["search_queries"], 10, sizes["repeats"]),
         "pv_inference": "see bench_pv (inference docs/s with 1 and 2 encode processes)",

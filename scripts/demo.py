@@ -90,7 +90,7 @@ def shipped_zoo_models() -> tuple[list[str], list[str]]:
     """(shipped, not yet shipped) among the zoo built-ins the demo shows, as `docembed models` says."""
     rows = [json.loads(line) for line in run("models", "--json", capture=True).splitlines() if line]
     status = {row["name"]: row["get"] for row in rows}
-    wanted = ("nugget", "student", "quickthoughts")
+    wanted = ("nugget", "student", "quickthoughts", "static")
     return [n for n in wanted if status.get(n) == "shipped"], [
         n for n in wanted if status.get(n) != "shipped"
     ]

@@ -88,6 +88,13 @@ RECIPES: dict[str, dict | None] = {
         ],
         "drop": [],
     },
+    # The static model (issue 33): model2vec's recipe on the offline MiniLM, the token position's output,
+    # PCA to 256, log(1 + frequency rank) token weights from IMDB and 20 Newsgroups train; settings chosen on
+    # STS-B dev and SICK-R dev (scripts/static_selection.py -> bench/results/static/selection.json).
+    "static": {
+        "steps": [["--seed", "0", "distill-static", "imdb/train", "20newsgroups/train", "-o", "{out}"]],
+        "drop": [],
+    },
 }
 # fmt: on
 DROP = {name: recipe["drop"] for name, recipe in RECIPES.items() if recipe}

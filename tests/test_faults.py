@@ -22,13 +22,8 @@ WORDS = [f"w{i}" for i in range(64)]
 
 
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    from docembed.models.baselines import TfidfConfig, TfidfEncoder
-
-    directory = tmp_path_factory.mktemp("model") / "tfidf"
-    texts = [" ".join(WORDS[i : i + 8]) for i in range(0, 64, 4)]
-    TfidfEncoder(TfidfConfig(), name="tiny").fit(texts).save(directory)
-    return str(directory)
+def model(tiny_tfidf_dir):
+    return tiny_tfidf_dir
 
 
 def corpus(path, n: int, prefix: str = "d", id_length: int = 0):

@@ -8,13 +8,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "docembed"
 
 # bottom to top; a key is a module or a package (its first dotted part under docembed)
 LAYERS = [
-    {"types", "errors", "tensors", "runtime", "__init__"},
+    {"types", "errors", "tensors", "runtime", "version"},
     {"text", "losses", "scoring"},
     {"io", "datasets"},
     {"models", "zoo", "faiss_index"},
     {"training", "encoding"},
-    {"evaluation", "engines", "zoo.export", "similarity"},
-    {"cli", "__main__"},
+    {"evaluation", "engines", "zoo.export", "similarity", "api"},
+    {"cli", "__main__", "__init__", "integrations"},
 ]
 
 

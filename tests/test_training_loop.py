@@ -161,7 +161,9 @@ def test_checkpoints_store_tied_weights_once_like_saved_models(tmp_path):
         return module
 
     module = tied_module()
-    Checkpoint(tmp_path).save(module, torch.optim.AdamW(module.parameters()), {"step": 1})
+    Checkpoint(tmp_path).save(
+        module, torch.optim.AdamW(module.parameters()), {"step": 1, "epoch": 0, "batches_done_in_epoch": 1}
+    )
     save_state_dict(module, tmp_path)
     for path in (tmp_path / "checkpoint" / "model.safetensors", tmp_path / "model.safetensors"):
         assert list(load_file(str(path))) == ["0.weight"]
@@ -200,7 +202,9 @@ def test_resuming_into_another_model_is_refused(tmp_path):
     from docembed.training.loop import Checkpoint
 
     small, other = torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2))
-    Checkpoint(tmp_path).save(small, torch.optim.AdamW(small.parameters()), {"step": 1})
+    Checkpoint(tmp_path).save(
+        small, torch.optim.AdamW(small.parameters()), {"step": 1, "epoch": 0, "batches_done_in_epoch": 1}
+    )
     with pytest.raises(CorruptModelError, match="does not match"):
         Checkpoint(tmp_path).load(other, torch.optim.AdamW(other.parameters()), "cpu")
 

@@ -7,6 +7,7 @@ import hashlib
 import json
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,44 @@ from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 CHUNK_SIZE = 1024
 
 
+@dataclass
+class Coverage:
+    """What a model with a token limit read of the texts it encoded: nothing is cut silently."""
+
+    max_tokens: int
+    documents: int = 0
+    documents_cut: int = 0
+    tokens: int = 0
+    tokens_not_read: int = 0
+
+    def add(self, counts: Sequence[int]) -> None:
+        for count in counts:
+            self.documents += 1
+            self.tokens += count
+            if count > self.max_tokens:
+                self.documents_cut += 1
+                self.tokens_not_read += count - self.max_tokens
+
+    @property
+    def share_not_read(self) -> float:
+        return self.tokens_not_read / self.tokens if self.tokens else 0.0
+
+    def summary(self, model_name: str) -> str:
+        return (
+            f"{model_name} reads the first {self.max_tokens} tokens of a document: {self.documents_cut} of "
+            f"{self.documents} documents were longer, {self.share_not_read:.1%} of all tokens not read"
+        )
+
+    def to_metadata(self) -> dict:
+        return {**asdict(self), "share_not_read": round(self.share_not_read, 6)}
+
+
+def coverage_of(model) -> Coverage | None:
+    """An empty Coverage for a model that reads a limited number of tokens, else None."""
+    max_tokens = getattr(model, "max_tokens", None)
+    return Coverage(max_tokens) if isinstance(max_tokens, int) else None
+
+
 def encode_texts(
     model,
     texts: Iterable[str],
@@ -26,15 +65,22 @@ def encode_texts(
     chunk_size: int = CHUNK_SIZE,
     total: int | None = None,
     label: str | None = None,
+    coverage: Coverage | None = None,
 ) -> Vectors:
     """`model.encode` over `texts`, `chunk_size` texts at a time: memory holds one chunk of text plus the
-    output so far, Ctrl-C is honoured between chunks, and no texts give a typed, empty result."""
+    output so far, Ctrl-C is honoured between chunks, and no texts give a typed, empty result. `coverage`,
+    if given, counts what the model does not read (see `coverage_of`)."""
     parts = []
     done = 0
     started = time.perf_counter()
+    cap = text_cap(model)
     with progress_bar(label or f"encode [{model.name}]", total=total) as bar:
         for chunk in batched(texts, chunk_size):
             raise_if_interrupted()
+            if coverage is not None:
+                coverage.add(model.token_counts(chunk) or [])
+            if cap:
+                chunk = [text[:cap] for text in chunk]
             parts.append(model.encode(chunk, batch_size=batch_size))
             done += len(chunk)
             bar.advance(len(chunk))
@@ -45,6 +91,18 @@ def encode_texts(
     return _assemble(parts)
 
 
+# A model that reads its first N tokens never needs more than N * CHARS_PER_TOKEN characters: a token is
+# ~4 characters of text; the margin keeps every ordinary document whole (only runs of thousands of blanks
+# could lose a word). Without the cap a 20 MB one-line document costs GBs in the tokenizer for 256 tokens.
+CHARS_PER_TOKEN = 64
+
+
+def text_cap(model) -> int | None:
+    """How many characters of a text `model` can use (None: it reads the whole text, however long)."""
+    max_tokens = getattr(model, "max_tokens", None)
+    return max_tokens * CHARS_PER_TOKEN if isinstance(max_tokens, int) and max_tokens > 0 else None
+
+
 def encode_documents(
     model,
     documents: Iterable[Document],
@@ -52,8 +110,10 @@ def encode_documents(
     chunk_size: int = CHUNK_SIZE,
     total: int | None = None,
     allow_empty: bool = False,
+    coverage: Coverage | None = None,
 ) -> EmbeddingSet:
-    """Encode `documents` (streamed) into an EmbeddingSet with their ids and the model's metadata."""
+    """Encode `documents` (streamed) into an EmbeddingSet with their ids and the model's metadata (with what
+    the model did not read, when `coverage` is given)."""
     ids: list[str] = []
 
     def texts():
@@ -61,10 +121,13 @@ def encode_documents(
             ids.append(document.id)
             yield document.text
 
-    data = encode_texts(model, texts(), batch_size, chunk_size, total)
+    data = encode_texts(model, texts(), batch_size, chunk_size, total, coverage=coverage)
     if not ids and not allow_empty:
         raise DocembedError("no documents to encode: the input is empty")
-    return EmbeddingSet(data, ids, model.metadata())
+    metadata = model.metadata()
+    if coverage is not None:
+        metadata["coverage"] = coverage.to_metadata()
+    return EmbeddingSet(data, ids, metadata)
 
 
 def _empty_like(sample: Vectors) -> Vectors:
@@ -107,6 +170,44 @@ def model_identity(model) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def _cache_fits(stored: EmbeddingSet, model, path: Path) -> bool:
+    """Whether a cache entry holds this model's embeddings: written under this identity, of the model's
+    kind and width. A mismatch (a copied or stale entry) is rebuilt with a warning, never used: vectors of
+    another width would give wrong scores in silence."""
+    owner = stored.metadata.get("model_identity")
+    problem = None
+    if owner not in (None, path.parent.name):
+        problem = f"it was written for model identity {owner}"
+    elif len(stored) and hasattr(model, "multi_vector") and stored.is_multi != bool(model.multi_vector):
+        problem = "it holds " + ("multi-vector" if stored.is_multi else "dense") + " embeddings"
+    elif len(stored) and _declared_dim(model) not in (None, stored.dim):
+        problem = f"it holds {stored.dim}-d embeddings, the model makes {_declared_dim(model)}-d ones"
+    if problem:
+        log(
+            f"warning: embedding cache {path.parent} does not match {getattr(model, 'name', 'the model')}: "
+            f"{problem}; rebuilding it"
+        )
+    return problem is None
+
+
+def _declared_dim(model) -> int | None:
+    """The width a model declares without encoding anything (every family does); None for an Encoder
+    that only has the base class's way, encoding a text (the cache then compares the next vectors it
+    encodes, see _same_kind)."""
+    from docembed.models.base import Encoder
+
+    if isinstance(model, Encoder) and type(model).dim is Encoder.dim:
+        return None
+    return getattr(model, "dim", None)
+
+
+def _same_kind(stored: Vectors, new: Vectors) -> bool:
+    if isinstance(stored, MultiVectors) != isinstance(new, MultiVectors):
+        return False
+    width = new.dim if isinstance(new, MultiVectors) else new.shape[1]
+    return (stored.dim if isinstance(stored, MultiVectors) else stored.shape[1]) == width
+
+
 def text_key(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
@@ -132,10 +233,13 @@ class EmbeddingCache:
         if path.exists():
             try:
                 stored = load_embeddings(str(path))
-            except DocembedError:  # an interrupted or damaged write: start this entry afresh
+            except DocembedError as error:  # an interrupted or damaged write: start this entry afresh
+                log(f"warning: embedding cache {path.parent} is damaged, rebuilding it ({error})")
                 stored = None
-        row_of = {key: row for row, key in enumerate(stored.ids)} if stored else {}
         wanted = [text_key(t) for t in texts]
+        if stored is not None and not _cache_fits(stored, model, path):
+            stored = None
+        row_of = {key: row for row, key in enumerate(stored.ids)} if stored else {}
         first: dict[str, int] = {}
         for i, key in enumerate(wanted):
             if key not in row_of and key not in first:
@@ -145,6 +249,13 @@ class EmbeddingCache:
             new = encode_texts(
                 model, (texts[i] for i in first.values()), batch_size, total=len(first), label=label
             )
+            if stored is not None and len(stored) and not _same_kind(stored.data, new):
+                log(
+                    f"warning: embedding cache {path.parent} holds embeddings of another width; rebuilding it"
+                )
+                stored = None
+                first = {key: wanted.index(key) for key in dict.fromkeys(wanted)}
+                new = encode_texts(model, [texts[i] for i in first.values()], batch_size, label=label)
             new_set = EmbeddingSet(new, list(first), {"model_identity": path.parent.name})
             if stored is not None and len(stored):
                 new_set = EmbeddingSet(

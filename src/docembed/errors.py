@@ -32,3 +32,8 @@ class ModelNotFoundError(DocembedError):
 
 class CorruptModelError(DocembedError):
     pass
+
+
+class TruncationWarning(UserWarning):
+    """A model read only the start of some texts (`docembed.load(...).max_tokens`); the message says how many
+    texts and what share of their tokens were not read."""

@@ -1,4 +1,6 @@
-"""faiss indexes over embeddings, saved as a directory (index.faiss, ids.txt, meta.json).
+"""faiss indexes over embeddings, saved as a directory (index.faiss, ids.json, meta.json). Loading checks
+that ids, vectors and metadata agree and hold no NaN; ids.json is a JSON array, so any id comes back exactly
+(indexes of older versions kept ids.txt, one id per line, still read).
 
 Dense embeddings: inner product over L2-normalised vectors (cosine). Kinds: `flat` (exact),
 `hnsw` (graph, approximate), `ivf` (inverted lists; nlist = ~sqrt(n), trained on the data).
@@ -17,11 +19,24 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
-from docembed.io.outputs import atomic_path
+from docembed.io.outputs import DirectoryKind, atomic_path
 from docembed.scoring import maxsim_one_to_many
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
 
 KINDS = ("flat", "hnsw", "ivf")
+
+
+def is_index_dir(directory: Path) -> bool:
+    """Whether `directory` holds an index docembed wrote: index.faiss and a meta.json naming its kind."""
+    try:
+        metadata = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return (directory / "index.faiss").is_file() and isinstance(metadata, dict) and "index_kind" in metadata
+
+
+#: what `index build -o DIR` may replace (io/outputs.py's rule for directory outputs)
+INDEX_DIRECTORY = DirectoryKind("docembed index", "index.faiss and meta.json", is_index_dir)
 
 
 def _faiss():
@@ -61,6 +76,7 @@ class VectorIndex:
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
         metadata = dict(embeddings.metadata, index_kind=kind, count=len(embeddings))
+        _refuse_non_finite(embeddings)
         if embeddings.is_multi:
             multi = embeddings.data
             multi = MultiVectors(
@@ -79,6 +95,7 @@ class VectorIndex:
     def search(self, queries: Vectors, k: int = 10) -> list[list[tuple[str, float]]]:
         """Top-k (id, score) per query, best first."""
         k = min(k, len(self.ids))
+        self._check_queries(queries)
         if self.multi is None:
             if isinstance(queries, MultiVectors):
                 raise UsageError("this index holds dense embeddings; encode queries with a dense model")
@@ -112,7 +129,7 @@ class VectorIndex:
             index = faiss.index_gpu_to_cpu(index)
         with atomic_path(directory / "index.faiss") as tmp:
             faiss.write_index(index, str(tmp))
-        (directory / "ids.txt").write_text("".join(f"{i}\n" for i in self.ids), encoding="utf-8")
+        write_ids(directory, self.ids)
         if self.multi is not None:
             np.save(directory / "vectors.npy", self.multi.vectors)
             np.save(directory / "offsets.npy", self.multi.offsets)
@@ -120,14 +137,140 @@ class VectorIndex:
 
     @classmethod
     def load(cls, directory: str | Path) -> VectorIndex:
-        faiss = _faiss()
+        """The index saved in `directory`, checked: ids, vectors and metadata must agree, and hold no NaN."""
         directory = Path(directory)
         if not (directory / "index.faiss").exists():
             raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
-        index = faiss.read_index(str(directory / "index.faiss"))
-        ids = (directory / "ids.txt").read_text(encoding="utf-8").splitlines()
-        metadata = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
-        multi = None
-        if (directory / "offsets.npy").exists():
-            multi = MultiVectors(np.load(directory / "vectors.npy"), np.load(directory / "offsets.npy"))
+        index = _read_faiss(directory / "index.faiss")
+        ids = read_ids(directory)
+        metadata = _read_index_meta(directory / "meta.json")
+        multi = _read_multi(directory) if (directory / "offsets.npy").exists() else None
+        _check_counts(directory, index, ids, metadata, multi)
+        _check_stored_vectors(directory, index, multi)
         return cls(index, ids, metadata, multi)
+
+    def _check_queries(self, queries: Vectors) -> None:
+        """Queries of another width (a query model other than the index's) or holding NaN are refused:
+        faiss would answer them with garbage or nothing."""
+        width = queries.dim if isinstance(queries, MultiVectors) else np.asarray(queries).shape[-1]
+        if width != self.index.d:
+            model = self.metadata.get("model") or "the index's model"
+            raise DocembedError(
+                f"the queries are {width}-d embeddings but the index holds {self.index.d}-d ones: "
+                f"encode the queries with the model the index was built with ({model})"
+            )
+        values = queries.vectors if isinstance(queries, MultiVectors) else np.asarray(queries)
+        if not np.isfinite(values).all():
+            raise DocembedError("a query embedding holds NaN or infinite values")
+
+
+# --- ids: a JSON array, so that any string (line breaks, \v, U+2028 ...) comes back exactly ---------------
+IDS_NAME = "ids.json"
+OLD_IDS_NAME = "ids.txt"  # indexes written before ids.json: one id per line
+
+
+def write_ids(directory: Path, ids: list[str]) -> None:
+    # ASCII with escapes: any Python string comes back exactly, a lone surrogate included
+    (directory / IDS_NAME).write_text(json.dumps(ids) + "\n", encoding="ascii")
+
+
+def read_ids(directory: Path) -> list[str]:
+    path = directory / IDS_NAME
+    try:
+        if path.exists():
+            ids = json.loads(path.read_text(encoding="utf-8"))
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise ValueError("expected a JSON array of strings")
+            return ids
+        path = directory / OLD_IDS_NAME
+        # split on \n only: str.splitlines would also split an id at \v, \f, U+2028 ...
+        return path.read_text(encoding="utf-8").split("\n")[:-1]
+    except FileNotFoundError:
+        raise DocembedError(f"{directory} is a damaged index: no {IDS_NAME}") from None
+    except (OSError, ValueError) as error:
+        raise DocembedError(f"cannot read {path}: {error}") from None
+
+
+# --- what load checks ---------------------------------------------------------------------------------------
+def _read_faiss(path: Path):
+    try:
+        return _faiss().read_index(str(path))
+    except RuntimeError as error:  # faiss reports a truncated or foreign file as a RuntimeError
+        # faiss prefixes its reason with the C++ function and source line: keep the reason only
+        reason = str(error).rpartition("Error: ")[2].strip() or "unreadable"
+        raise DocembedError(f"cannot read {path}: not a faiss index or damaged ({reason})") from None
+
+
+def _read_index_meta(path: Path) -> dict:
+    try:
+        metadata = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DocembedError(f"cannot read {path}: {error}") from None
+    if not isinstance(metadata, dict):
+        raise DocembedError(f"{path} holds a JSON {type(metadata).__name__}, not an object: a damaged index")
+    return metadata
+
+
+def _read_multi(directory: Path) -> MultiVectors:
+    try:
+        vectors = np.load(directory / "vectors.npy", allow_pickle=False)
+        offsets = np.load(directory / "offsets.npy", allow_pickle=False)
+        if vectors.ndim != 2 or offsets.ndim != 1 or len(offsets) == 0:
+            raise ValueError(f"vectors of shape {vectors.shape} and offsets of shape {offsets.shape}")
+        return MultiVectors(vectors, offsets)
+    except (OSError, ValueError, EOFError) as error:
+        raise DocembedError(f"{directory} is a damaged index: {error}") from None
+
+
+def _check_counts(directory: Path, index, ids: list[str], metadata: dict, multi: MultiVectors | None) -> None:
+    documents = len(multi) if multi is not None else index.ntotal
+    vectors = len(multi.vectors) if multi is not None else len(ids)
+    problem = None
+    if len(ids) != documents:
+        problem = f"{len(ids)} ids for {documents} documents"
+    elif index.ntotal != vectors:
+        problem = f"index.faiss holds {index.ntotal} vectors, the documents {vectors}"
+    elif multi is not None and multi.dim != index.d:
+        problem = f"vectors.npy is {multi.dim}-d, index.faiss {index.d}-d"
+    elif metadata.get("dim") not in (None, index.d):
+        problem = f"meta.json says {metadata.get('dim')}-d, index.faiss holds {index.d}-d vectors"
+    if problem:
+        raise DocembedError(
+            f"{directory} is a damaged index ({problem}): rebuild it with `docembed index build`"
+        )
+
+
+def _check_stored_vectors(directory: Path, index, multi: MultiVectors | None, chunk: int = 65536) -> None:
+    """NaN vectors make every search answer nothing; an index holding them is refused (checked in chunks,
+    so a large index costs no second copy in memory). Kinds that cannot give back vectors are skipped."""
+    if multi is not None:
+        finite = np.isfinite(multi.vectors).all()
+    else:
+        try:
+            if hasattr(index, "make_direct_map"):  # IVF: reconstruct needs the id -> list map
+                index.make_direct_map()
+            finite = all(
+                np.isfinite(index.reconstruct_n(start, min(chunk, index.ntotal - start))).all()
+                for start in range(0, index.ntotal, chunk)
+            )
+        except RuntimeError:
+            return
+    if not finite:
+        raise DocembedError(f"{directory} holds NaN or infinite vectors: rebuild it from finite embeddings")
+
+
+def _refuse_non_finite(embeddings: EmbeddingSet) -> None:
+    data = embeddings.data
+    values = data.vectors if isinstance(data, MultiVectors) else np.asarray(data)
+    bad_rows = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+    if bad_rows.any():
+        row = int(np.flatnonzero(bad_rows)[0])
+        document = (
+            int(np.searchsorted(data.offsets, row, side="right") - 1)
+            if isinstance(data, MultiVectors)
+            else row
+        )
+        raise DocembedError(
+            f"{int(bad_rows.sum())} embedding vector(s) hold NaN or infinite values (first: id "
+            f"{embeddings.ids[document]!r}): an index over them would answer every search with nothing"
+        )

@@ -21,6 +21,7 @@ class Settings:
     seed: int = 0
     quiet: bool = False
     verbose: bool = False
+    progress: bool | None = None  # None: bars when stderr is a terminal (the Python API may force them)
 
 
 settings = Settings()
@@ -109,7 +110,51 @@ def debug(message: str) -> None:
 
 
 def progress_enabled() -> bool:
-    return not settings.quiet and sys.stderr.isatty()
+    if settings.quiet:
+        return False
+    return sys.stderr.isatty() if settings.progress is None else settings.progress
+
+
+@contextmanager
+def progress_shown(show: bool | None) -> Iterator[None]:
+    """Within the block, progress bars are shown (True), hidden (False) or left to the terminal (None)."""
+    before = settings.progress
+    settings.progress = show
+    try:
+        yield
+    finally:
+        settings.progress = before
+
+
+@contextmanager
+def quiet_third_party() -> Iterator[None]:
+    """Silence what libraries print while a model loads (transformers' load reports about heads docembed
+    does not use, its weight-loading bars, warnings a user cannot act on) and restore their settings after,
+    so a notebook's own use of those libraries is left as it was."""
+    import importlib.util
+    import warnings
+
+    restore = []
+    if importlib.util.find_spec("transformers") is not None:
+        from transformers.utils import logging as transformers_logging
+
+        verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
+        transformers_logging.set_verbosity_error()
+        transformers_logging.disable_progress_bar()
+
+        def restore_transformers():
+            transformers_logging.set_verbosity(verbosity)
+            if bars:
+                transformers_logging.enable_progress_bar()
+
+        restore.append(restore_transformers)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        for undo in restore:
+            undo()
 
 
 class _NullBar:

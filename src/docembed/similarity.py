@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from docembed.encoding import text_cap
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
@@ -19,7 +20,13 @@ from docembed.types import MultiVectors, Vectors
 
 def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str], batch_size: int = 32):
     """Score left[i] against right[i]: cosine, or mean-MaxSim with left[i] as the query."""
-    return score_pairs(model.encode(left, batch_size), model.encode(right, batch_size))
+    return score_pairs(_encode(model, left, batch_size), _encode(model, right, batch_size))
+
+
+def _encode(model: Encoder, texts: Sequence[str], batch_size: int) -> Vectors:
+    """model.encode on what the model reads of each text (a huge text is cut first, as encode_texts does)."""
+    cap = text_cap(model)
+    return model.encode([t[:cap] for t in texts] if cap else list(texts), batch_size=batch_size)
 
 
 def _take(vectors: Vectors, index: int) -> Vectors:
@@ -49,7 +56,7 @@ def rerank_rows(
             q = unique.add(prefix + query_key, text_of(query_key))
             c = [unique.add(prefix + k, text_of(k)) for k in candidate_keys]
             plans.append((query_key, candidate_keys, by_id, q, c))
-        vectors = model.encode(unique.texts, batch_size=batch_size)
+        vectors = _encode(model, unique.texts, batch_size)
         for query_key, candidate_keys, by_id, q, c in plans:
             scores = score_one_to_many(_take(vectors, q), _gather(vectors, c))
             key = "id" if by_id else "text"

@@ -4,7 +4,7 @@ Everything else in docembed depends downward on this module; it depends on nothi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,6 +31,20 @@ class MultiVectors:
 
     def __getitem__(self, i: int) -> np.ndarray:
         return self.vectors[self.offsets[i] : self.offsets[i + 1]]
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        return (self[i] for i in range(len(self)))
+
+    def to_list(self) -> list[np.ndarray]:
+        """One `(k_i, dim)` array per document (views into `vectors`, no copy)."""
+        return list(self)
+
+    def mean(self) -> np.ndarray:
+        """One vector per document: the mean of its vectors (zeros for a document with none)."""
+        counts = self.counts
+        sums = np.zeros((len(self), self.dim), dtype=np.float64)
+        np.add.at(sums, np.repeat(np.arange(len(self)), counts), self.vectors)
+        return (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
 
     @property
     def dim(self) -> int:

@@ -5,14 +5,15 @@ answers instantly; models, torch and numpy are imported inside the commands."""
 from __future__ import annotations
 
 import importlib
+import io
 import os
 import signal
 import sys
 
 import typer
 
-from docembed import __version__
 from docembed.runtime import on_interrupt, settings, torchrun_rank
+from docembed.version import __version__
 
 app = typer.Typer(
     name="docembed",
@@ -33,12 +34,14 @@ COMMAND_MODULES = [
     "train_pv",
     "evaluate",
     "fit",
+    "export",
     "train_nugget",
     "inspect",
     "convert_long",
     "train_distill",
     "train_quickthoughts",
     "train_setenc",
+    "distill_static",
     "plot",
 ]
 
@@ -104,6 +107,7 @@ def main() -> None:
         from click.exceptions import ClickException
 
     _quiet_libraries()
+    _closed_standard_streams()
     # A scheduler's SIGTERM unwinds like Ctrl-C, so atomic writers remove their temporary files. Not under
     # torchrun: when a rank dies, torchrun stops the others with SIGTERM, and a rank blocked in a collective
     # (C++ code, where a Python handler never runs) must then die at once instead of hanging on.
@@ -117,9 +121,12 @@ def main() -> None:
     except ClickException as error:  # bad option or argument: usage error, exit 2
         error.show()
         code = error.exit_code
-    except Abort:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
-        print("docembed: interrupted", file=sys.stderr)
-        code = 130
+    except Abort as error:  # Ctrl-C (click turns KeyboardInterrupt into Abort)
+        if isinstance(error.__cause__, EOFError):  # ... and EOFError too: a read that ended early
+            code = _fail(f"unexpected end of input: {error.__cause__ or 'no data left'}", 1)
+        else:
+            print("docembed: interrupted", file=sys.stderr)
+            code = 130
     except KeyboardInterrupt:
         print("docembed: interrupted", file=sys.stderr)
         code = 130
@@ -143,7 +150,29 @@ def main() -> None:
         if not _from_optimizer(error):
             raise
         code = _fail(f"invalid optimiser setting: {error}", 1)
+    except RecursionError:  # a reader missed a deeply nested value: still no traceback
+        code = _fail("input nested too deeply to read", 1)
     sys.exit(code or 0)
+
+
+class _ClosedStream(io.TextIOBase):
+    """Stands in for stdout when docembed was started with it closed (`>&-`): writing data there is an
+    error, where Python would fail with an AttributeError on None."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        from docembed.errors import DocembedError
+
+        raise DocembedError("stdout is closed: nowhere to write the output (redirect it, or use -o FILE)")
+
+
+def _closed_standard_streams() -> None:
+    if sys.stdout is None:
+        sys.stdout = _ClosedStream()
+    if sys.stderr is None:  # messages have nowhere to go: drop them rather than fail
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115
 
 
 def _fail(message: str, code: int) -> int:

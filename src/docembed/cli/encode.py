@@ -42,8 +42,10 @@ def encode(
     precision: str = typer.Option(
         None,
         "--precision",
-        help="sbert: fp32 | int8 (int8: 2.4-5x docs/s with OpenVINO, STS-B within 0.1; needs the openvino "
-        "or onnx extra; converted once, cached under $DOCEMBED_HOME/inference).",
+        help="sbert: the arithmetic the model runs in, fp32 | int8 (int8: 2.4-5x docs/s with OpenVINO, "
+        "STS-B within 0.1; needs the openvino or onnx extra; converted once, cached under "
+        "$DOCEMBED_HOME/inference). The embeddings stay float32: for int8/binary embeddings see "
+        "docembed.quantize_embeddings.",
     ),
     workers: int = typer.Option(
         None, "--workers", min=1, help="PV: inference processes (default: the model's)."
@@ -116,7 +118,7 @@ def encode(
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} needs --engine ray")
 
-    from docembed.encoding import encode_documents
+    from docembed.encoding import coverage_of, encode_documents
     from docembed.io.embeddings import check_output_path, save_embeddings
     from docembed.runtime import log
 
@@ -132,7 +134,10 @@ def encode(
     if workers is not None:
         encoder.set_workers(workers)
     total = len(documents) if input != "-" and _progress_wanted() else None
-    embeddings = encode_documents(encoder, documents, batch_size=batch_size, total=total)
+    coverage = coverage_of(encoder)
+    embeddings = encode_documents(encoder, documents, batch_size=batch_size, total=total, coverage=coverage)
+    if coverage is not None and coverage.documents_cut:
+        log(f"note: {coverage.summary(encoder.name)}")
     if documents.skipped:
         log(f"skipped {documents.skipped} invalid line(s) of {documents.name}")
     if documents.blank:
@@ -162,10 +167,11 @@ def fit_model_dir(output: str) -> str:
 def _fit_beside(name, input, output, format, id_field, text_field, skip_invalid, overwrite) -> str:
     """`encode --fit`: fit the corpus-fitted family `name` on INPUT with its default settings (those of the
     command `docembed models` lists), save it beside OUTPUT, and return that directory for --model."""
-    import shutil
     from pathlib import Path
 
     from docembed.errors import DocembedError, UsageError
+    from docembed.io.outputs import check_output
+    from docembed.models.base import MODEL_DIRECTORY
     from docembed.models.registry import FIT_COMMANDS
     from docembed.runtime import log, settings
     from docembed.training.fitting import fit_family
@@ -177,10 +183,10 @@ def _fit_beside(name, input, output, format, id_field, text_field, skip_invalid,
     if input == "-" or output == "-":
         raise UsageError("--fit reads the input twice and saves the model beside -o: give files, not -")
     target = Path(fit_model_dir(output))
-    if target.exists():
-        if not overwrite:
-            raise DocembedError(f"{target} exists (the model --fit would write): pass --overwrite to refit")
-        shutil.rmtree(target)
+    if target.exists() and not overwrite:
+        raise DocembedError(f"{target} exists (the model --fit would write): pass --overwrite to refit")
+    # replaced only if it is a docembed model (fit_family swaps the new one in, all or nothing)
+    check_output(target, overwrite, directory=True, inputs=[input], kind=MODEL_DIRECTORY)
     command = FIT_COMMANDS[name].replace("CORPUS", input).replace("DIR", str(target))
     log(f"--fit: fitting {name} as `{command}` would")
     corpus = common.reader(input, format, id_field, text_field, skip_invalid)

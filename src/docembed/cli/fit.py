@@ -31,20 +31,24 @@ def fit(
     Example: docembed fit tfidf corpus.jsonl -o models/tfidf
     """
     from docembed.errors import UsageError
-    from docembed.io.outputs import check_output
+    from docembed.io.outputs import directory_output
+    from docembed.models.base import MODEL_DIRECTORY
     from docembed.models.baselines import BM25Config, TfidfConfig, fit_bm25, fit_tfidf
-    from docembed.runtime import settings
+    from docembed.runtime import log, settings
 
     if family not in ("tfidf", "bm25"):
         raise UsageError(f"only tfidf and bm25 are fitted this way, not {family!r}")
     if svd_dim is not None and family != "tfidf":
         raise UsageError("--svd-dim applies to tfidf only")
-    check_output(output, overwrite, directory=True)
-    texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
-    if family == "tfidf":
-        config = TfidfConfig(seed=settings.seed)
-        if svd_dim is not None:
-            config.svd_dim = svd_dim
-        fit_tfidf(texts, config, output)
-    else:
-        fit_bm25(texts, BM25Config(), output)
+    # all or nothing, under the output's lock from the start: a second fit to the same output fails at once
+    with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=[input]) as staging:
+        texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
+        if family == "tfidf":
+            config = TfidfConfig(seed=settings.seed)
+            if svd_dim is not None:
+                config.svd_dim = svd_dim
+            model = fit_tfidf(texts, config)
+        else:
+            model = fit_bm25(texts, BM25Config())
+        model.save(staging)
+    log(f"saved the fitted {family} model -> {output}")

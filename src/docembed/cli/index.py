@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
 from docembed.cli import common
@@ -32,17 +30,13 @@ def build(
 
     Example: docembed index build docs.npy -o docs.index && docembed search docs.index --query "cats"
     """
-    import shutil
-    from pathlib import Path
-
     from docembed.errors import DocembedError
-    from docembed.faiss_index import VectorIndex
+    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
     from docembed.io.embeddings import load_embeddings
-    from docembed.io.outputs import check_output, output_lock
+    from docembed.io.outputs import check_output, directory_output
     from docembed.runtime import log
 
-    target = Path(output)
-    check_output(target, overwrite, directory=True, inputs=[embeddings])
+    check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
     emb = load_embeddings(embeddings)
     duplicates = len(emb.ids) - len(set(emb.ids))
     if duplicates:
@@ -55,17 +49,8 @@ def build(
             )
         log(f"warning: {message}")
     index = VectorIndex.build(emb, kind)
-    staging = target.with_name(f".{target.name}.tmp{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
+    with directory_output(output, INDEX_DIRECTORY, overwrite, inputs=[embeddings]) as staging:
         index.save(staging)
-        with output_lock(target):
-            check_output(target, overwrite, directory=True, inputs=[embeddings])  # again: another writer?
-            if target.exists():
-                shutil.rmtree(target)
-            staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
     log(f"indexed {what} ({kind}) -> {output}")
 

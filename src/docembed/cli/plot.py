@@ -42,6 +42,7 @@ def plot(
         import matplotlib.pyplot as plt
     except ImportError:
         raise DocembedError("plot needs matplotlib: pip install 'docembed[plot]'") from None
+    _check_image_format(output)
     import numpy as np
 
     emb = load_embeddings(embeddings)
@@ -74,6 +75,22 @@ def plot(
     figure.savefig(output)
     plt.close(figure)
     log(f"map of {len(keep)} points, {len(classes)} labels -> {output}")
+
+
+def _check_image_format(output: str) -> None:
+    """Before any work: an output matplotlib cannot write (map.exe, no suffix) is a usage error."""
+    from pathlib import Path
+
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from docembed.errors import UsageError
+
+    formats = FigureCanvasBase.get_supported_filetypes()
+    suffix = Path(output).suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise UsageError(
+            f"cannot tell the image format of {output!r}: use one of .{', .'.join(sorted(formats))}"
+        )
 
 
 def _dense(data):
@@ -115,7 +132,9 @@ def _labels(path: str, ids: list[str], label_field: str, id_field: str) -> list[
 
     if not Path(path).exists():
         raise DocembedError(f"labels file not found: {path}")
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
+    # lines end at \n only (str.splitlines would also split a label at \v, \f, U+2028 ... and shift the rest)
+    lines = [line.removesuffix("\r") for line in Path(path).read_text(encoding="utf-8").split("\n")]
+    lines = lines[:-1] if lines and lines[-1] == "" else lines
     if len(lines) != len(ids):
         raise DocembedError(
             f"{path} has {len(lines)} labels for {len(ids)} embeddings (one per line, in order)"

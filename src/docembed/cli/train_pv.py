@@ -51,11 +51,9 @@ def train_pv(
 
     Example: docembed train-pv corpus.jsonl -o models/pv --mode dbow
     """
-    import shutil
-    from pathlib import Path
-
     from docembed.errors import UsageError
-    from docembed.io.outputs import check_output
+    from docembed.io.outputs import check_output, directory_output
+    from docembed.models.base import MODEL_DIRECTORY
     from docembed.models.paragraph_vector import PVConfig, fit_pv
     from docembed.runtime import log, settings, torchrun_rank
 
@@ -67,10 +65,7 @@ def train_pv(
         return
     if corpus == "-":
         raise UsageError("train-pv reads its corpus several times: give a file, not stdin")
-    out = Path(output)
-    check_output(out, overwrite, directory=True, inputs=[corpus])
-    if out.is_dir() and any(out.iterdir()):
-        shutil.rmtree(out)
+    check_output(output, overwrite, directory=True, inputs=[corpus], kind=MODEL_DIRECTORY)
     config = PVConfig(
         mode=mode,
         vector_size=dim,
@@ -89,4 +84,7 @@ def train_pv(
         encode_workers=encode_workers,
         normalize=normalize,
     )
-    fit_pv(common.reader(corpus, format, id_field, text_field, skip_invalid), config, out)
+    # all or nothing: built in a staging folder, swapped in only when complete
+    with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=[corpus]) as staging:
+        fit_pv(common.reader(corpus, format, id_field, text_field, skip_invalid), config, staging)
+    log(f"saved the model -> {output}")

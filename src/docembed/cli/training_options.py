@@ -131,6 +131,7 @@ def loop_options(**defaults):
         @functools.wraps(command)
         def wrapper(*args, **kwargs):
             values = {name: kwargs.pop(name, getattr(base, name)) for name in _OPTIONS}
+            _check_training_output(kwargs.get("output") or kwargs.get("output_dir"), kwargs.get("corpus"))
             return command(*args, loop=LoopOptions(**values), **kwargs)
 
         hints = {k: v for k, v in command.__annotations__.items() if k not in ("loop", "return")}
@@ -139,6 +140,18 @@ def loop_options(**defaults):
         return wrapper
 
     return decorate
+
+
+def _check_training_output(output: str | None, corpus: str | list[str] | None) -> None:
+    """Before anything is written: a run writes into OUTPUT (and resumes there), so OUTPUT must be new,
+    empty, or a model or run docembed wrote (io/outputs.py), never a folder of the user's files."""
+    if output is None:
+        return
+    from docembed.io.outputs import check_output
+    from docembed.training.loop import TRAINING_OUTPUT
+
+    inputs = [corpus] if isinstance(corpus, str) else list(corpus or [])
+    check_output(output, True, directory=True, inputs=inputs, kind=TRAINING_OUTPUT)
 
 
 def _keyword_only(parameters):

@@ -131,9 +131,9 @@ def _first_difference(old: dict, new: dict, prefix: str = "") -> str:
 
 def prepare_output(out: Path, job: dict, plan: Plan, overwrite: bool) -> dict:
     """The manifest to run with: shards that the skip rule keeps are 'done', the others 'pending'."""
-    from docembed import __version__
     from docembed.io.embeddings import MANIFEST_NAME, shard_file_name
     from docembed.io.outputs import check_output
+    from docembed.version import __version__
 
     # the shared rule for what may be written; whether an existing directory is resumed is decided below
     check_output(out, True, directory=True, inputs=[plan.input.path])

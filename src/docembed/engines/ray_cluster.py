@@ -48,6 +48,7 @@ def connect(ray, options: RayOptions, verbose: bool) -> bool:
     on_term = signal.getsignal(signal.SIGTERM)
     try:
         if options.address:
+            _probe(options.address)
             ray.init(address=options.address, **common)
         else:
             cpus = max(1, math.ceil(options.num_workers * options.cpus_per_worker))
@@ -58,6 +59,26 @@ def connect(ray, options: RayOptions, verbose: bool) -> bool:
         if on_term is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, on_term)
     return True
+
+
+def _probe(address: str) -> None:
+    """Fail fast, with a message, when nothing listens at a host:port address: ray.init itself retries
+    for minutes without a word. The wait is DOCEMBED_RAY_CONNECT_TIMEOUT seconds (default 20)."""
+    import os
+    import socket
+
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():  # "auto", "local": Ray finds the cluster itself
+        return
+    timeout = float(os.environ.get("DOCEMBED_RAY_CONNECT_TIMEOUT", "20"))
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except TimeoutError:
+        raise DocembedError(
+            f"cannot reach the Ray cluster at {address}: no answer within {timeout:g} s"
+        ) from None
+    except OSError as error:
+        raise DocembedError(f"cannot reach the Ray cluster at {address}: {error.strerror or error}") from None
 
 
 def pool_size(ray, options: RayOptions, shards: int) -> int:

@@ -218,7 +218,7 @@ class ShardEncoder:
         return {key: np.array([r[key] for r in results]) for key in RESULT_KEYS}
 
     def _encode_shard(self, index: int, start: int, stop: int, offset: int) -> dict:
-        from docembed.encoding import encode_documents
+        from docembed.encoding import coverage_of, encode_documents
         from docembed.io.embeddings import save_embeddings, shard_file_name
 
         result = {"index": index, "rows": 0, "skipped": 0, "seconds": 0.0, "metadata": "", "error": ""}
@@ -227,7 +227,13 @@ class ShardEncoder:
         started = time.perf_counter()
         try:
             documents, skipped = self.reader.read_range(start, stop, offset)
-            embeddings = encode_documents(self.model, documents, self.task["batch_size"], allow_empty=True)
+            embeddings = encode_documents(
+                self.model,
+                documents,
+                self.task["batch_size"],
+                allow_empty=True,
+                coverage=coverage_of(self.model),
+            )
             save_embeddings(embeddings, str(Path(self.task["output"]) / shard_file_name(index)), "parquet")
         except Exception as error:
             return {**result, **_failure(error)}

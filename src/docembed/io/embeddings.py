@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import sys
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
-from docembed.io.outputs import OutputSet, check_output, describe_os_error
+from docembed.io.outputs import OutputSet, check_companions, check_output, describe_os_error
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 
 OUTPUT_FORMATS = ("npy", "npz", "safetensors", "parquet", "jsonl")
@@ -42,9 +43,26 @@ def format_from_path(path: str) -> str:
     raise UsageError(f"cannot tell the output format of {path!r}: use one of .{', .'.join(OUTPUT_FORMATS)}")
 
 
-def check_output_path(path: str, overwrite: bool, inputs: Sequence[str] = ()) -> None:
-    """Fail early, before any work, on an output that may not be written (the rule: io/outputs.py)."""
+def check_output_path(
+    path: str, overwrite: bool, inputs: Sequence[str] = (), format: str | None = None
+) -> None:
+    """Fail early, before any work, on an output that may not be written (the rule: io/outputs.py), sidecars
+    included when `path` is an embeddings set (`format`, or its suffix)."""
     check_output(path, overwrite, inputs=inputs)
+    suffix = Path(path).suffix.lower().lstrip(".")
+    format = format or (suffix if suffix in OUTPUT_FORMATS else None)
+    if path != "-" and format:
+        check_companions(Path(path), set_companions(Path(path), format), overwrite, inputs)
+
+
+def set_companions(path: Path, format: str) -> list[Path]:
+    """Every file besides `path` that a set written there in `format` may have (its sidecars): a write
+    checks them all and removes those of an old set it does not write again."""
+    if format == "npy":
+        return [_sidecar(path, kind) for kind in ("ids.txt", "meta.json", "offsets.npy", "positions.npy")]
+    if format == "jsonl":
+        return [_jsonl_meta(path)]
+    return []
 
 
 def _sidecar(path: Path, kind: str) -> Path:
@@ -66,6 +84,10 @@ def check_ids(ids: Sequence[str], format: str) -> None:
     for position, doc_id in enumerate(ids):
         if not isinstance(doc_id, str):
             raise DocembedError(f"id #{position} is a {type(doc_id).__name__}, not a string")
+        try:
+            doc_id.encode("utf-8")
+        except UnicodeEncodeError:  # no file format can hold it (and no reader of docembed makes one)
+            raise DocembedError(f"id #{position} {doc_id!r} holds a lone surrogate: not text") from None
         if format == "npy" and any(c in doc_id for c in LINE_BREAKS):
             raise DocembedError(
                 f"id #{position} {doc_id!r} holds a line break, which a .npy set cannot store "
@@ -104,7 +126,7 @@ def save_embeddings(
         "parquet": _save_parquet,
         "jsonl": _save_jsonl,
     }
-    with OutputSet(target, overwrite, inputs) as output:
+    with OutputSet(target, overwrite, inputs, set_companions(target, format)) as output:
         try:
             writers[format](emb, target, metadata, output)
         except OSError as error:  # named here: the writers' errors name a temporary file, or nothing
@@ -166,7 +188,8 @@ def _arrays(emb: EmbeddingSet) -> dict[str, np.ndarray]:
 
 def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
     arrays = _arrays(emb)
-    arrays["ids"] = np.array(emb.ids, dtype=str)
+    # one JSON array, not a numpy string array: those drop an id's trailing NUL characters
+    arrays["ids"] = np.array(json.dumps(emb.ids, ensure_ascii=False))
     arrays["metadata"] = np.array(json.dumps(metadata))
     with open(output.temporary(target), "wb") as handle:
         np.savez(handle, **arrays)
@@ -207,31 +230,84 @@ def load_embeddings(path: str) -> EmbeddingSet:
         return load_embedding_shards(target)
     format = format_from_path(path)
     try:
-        return {
+        emb = {
             "npy": _load_npy,
             "npz": _load_npz,
             "safetensors": _load_safetensors,
             "parquet": _load_parquet,
             "jsonl": _load_jsonl,
         }[format](target)
-    except (OSError, ValueError, KeyError) as error:
-        raise DocembedError(f"cannot read embeddings from {path}: {error}") from None
+        return _checked(emb)
+    except RecursionError:  # json.loads of a deeply nested value
+        raise DocembedError(f"cannot read embeddings from {path}: JSON nested too deeply") from None
+    except READ_ERRORS as error:
+        # one line: a library's message may span several
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise DocembedError(f"cannot read embeddings from {path}: {reason}") from None
+
+
+class DamagedSetError(ValueError):
+    """What a loader found wrong in a file it could read (load_embeddings names the file)."""
+
+
+# What reading a truncated, foreign or damaged file raises: numpy (ValueError, EOFError: a zero-byte .npy),
+# zipfile (a truncated .npz), pyarrow (ArrowInvalid is a ValueError), json, safetensors (converted to a
+# DamagedSetError in _load_safetensors), a str(int) of a 5,000-digit JSON number (ValueError).
+READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, EOFError, zipfile.BadZipFile)
+
+
+def _checked(emb: EmbeddingSet) -> EmbeddingSet:
+    """Refuse what no writer of docembed produces: metadata that is not an object, ids that are not strings,
+    vectors that are not a 2-D float array (or, multi-vector, offsets that do not fit them), a width or count
+    other than the metadata's, NaN or infinite values."""
+    if not isinstance(emb.metadata, dict):
+        raise DamagedSetError(f"its metadata is a JSON {type(emb.metadata).__name__}, not an object")
+    if not all(isinstance(doc_id, str) for doc_id in emb.ids):
+        raise DamagedSetError("its ids are not all strings")
+    multi = emb.data if isinstance(emb.data, MultiVectors) else None
+    vectors = multi.vectors if multi is not None else emb.data
+    if not isinstance(vectors, np.ndarray) or vectors.ndim != 2:
+        raise DamagedSetError(f"expected a 2-D array of vectors, found shape {np.shape(vectors)}")
+    if not np.issubdtype(vectors.dtype, np.floating):
+        raise DamagedSetError(f"expected float vectors, found {vectors.dtype}")
+    if multi is not None and not np.issubdtype(multi.offsets.dtype, np.integer):
+        raise DamagedSetError(f"expected integer offsets, found {multi.offsets.dtype}")
+    for key, found in (("dim", emb.dim), ("count", len(emb))):
+        if emb.metadata.get(key) not in (None, found):
+            raise DamagedSetError(f"its metadata says {key} {emb.metadata[key]!r}, the file holds {found}")
+    if not np.isfinite(vectors).all():
+        rows = np.flatnonzero(~np.isfinite(vectors).all(axis=1))
+        raise DamagedSetError(f"{len(rows)} vector(s) hold NaN or infinite values")
+    if vectors.dtype != np.float32:
+        emb.data = (
+            MultiVectors(vectors.astype(np.float32), multi.offsets, multi.positions)
+            if multi
+            else (vectors.astype(np.float32))
+        )
+    return emb
 
 
 def _read_meta(path: Path) -> dict:
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    return _metadata(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+
+def _metadata(text: str | bytes) -> dict:
+    metadata = json.loads(text)
+    if not isinstance(metadata, dict):
+        raise DamagedSetError(f"its metadata is a JSON {type(metadata).__name__}, not an object")
+    return metadata
 
 
 def _load_npy(target: Path) -> EmbeddingSet:
-    vectors = np.load(target)
+    vectors = np.load(target, allow_pickle=False)
     # split on \n only: str.splitlines would also split ids at \v, \f, U+2028 ...
     ids = _sidecar(target, "ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
     offsets_path = _sidecar(target, "offsets.npy")
     positions_path = _sidecar(target, "positions.npy")
     data: Vectors = vectors
     if offsets_path.exists():
-        positions = np.load(positions_path) if positions_path.exists() else None
-        data = MultiVectors(vectors, np.load(offsets_path), positions)
+        positions = np.load(positions_path, allow_pickle=False) if positions_path.exists() else None
+        data = MultiVectors(vectors, np.load(offsets_path, allow_pickle=False), positions)
     return EmbeddingSet(data, ids, _read_meta(_sidecar(target, "meta.json")))
 
 
@@ -246,18 +322,22 @@ def _assemble(arrays: dict, ids: list[str], metadata: dict) -> EmbeddingSet:
 def _load_npz(target: Path) -> EmbeddingSet:
     with np.load(target, allow_pickle=False) as archive:
         arrays = {k: archive[k] for k in archive.files}
-    ids = [str(i) for i in arrays.pop("ids")]
-    metadata = json.loads(str(arrays.pop("metadata")))
+    stored = arrays.pop("ids")  # a JSON array (0-d), or one string per id (1-d: older files)
+    ids = json.loads(str(stored)) if stored.ndim == 0 else [str(i) for i in stored]
+    metadata = _metadata(str(arrays.pop("metadata")))
     return _assemble(arrays, ids, metadata)
 
 
 def _load_safetensors(target: Path) -> EmbeddingSet:
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
 
-    with safe_open(str(target), framework="numpy") as handle:
-        header = handle.metadata() or {}
-        arrays = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
-    return _assemble(arrays, json.loads(header.get("ids", "[]")), json.loads(header.get("docembed", "{}")))
+    try:
+        with safe_open(str(target), framework="numpy") as handle:
+            header = handle.metadata() or {}
+            arrays = {k: handle.get_tensor(k) for k in handle.keys()}  # noqa: SIM118
+    except SafetensorError as error:  # a garbage or truncated file
+        raise DamagedSetError(f"not a safetensors file ({error})") from None
+    return _assemble(arrays, json.loads(header.get("ids", "[]")), _metadata(header.get("docembed", "{}")))
 
 
 def _load_parquet(target: Path) -> EmbeddingSet:
@@ -265,7 +345,7 @@ def _load_parquet(target: Path) -> EmbeddingSet:
 
     table = pq.read_table(target)
     raw = (table.schema.metadata or {}).get(b"docembed", b"{}")
-    metadata = json.loads(raw)
+    metadata = _metadata(raw)
     ids = table.column("id").to_pylist()
     dim = metadata.get("dim")
     if "vectors" in table.column_names:
@@ -296,7 +376,9 @@ def load_embedding_shards(directory: str | Path) -> EmbeddingSet:
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
         shards = manifest["shards"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        if not all(isinstance(s, dict) and isinstance(s.get("file"), str) for s in shards):
+            raise ValueError("every shard must be an object with a 'file'")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise DocembedError(f"cannot read {manifest_path}: {error}") from None
     missing = [s["file"] for s in shards if s.get("status") != "done" or not (directory / s["file"]).exists()]
     if missing:
@@ -335,14 +417,17 @@ def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> Em
 def _load_jsonl(target: Path) -> EmbeddingSet:
     ids, dense, multi, positions = [], [], [], []
     with open(target, encoding="utf-8") as handle:
-        for line in handle:
-            row = json.loads(line)
-            ids.append(str(row["id"]))
-            if "vectors" in row:
-                multi.append(np.asarray(row["vectors"], dtype=np.float32))
-                positions.append(np.asarray(row.get("positions", []), dtype=np.int64))
-            else:
-                dense.append(row["vector"])
+        for line_number, line in enumerate(handle, 1):
+            try:
+                row = json.loads(line)
+                ids.append(str(row["id"]))
+                if "vectors" in row:
+                    multi.append(np.asarray(row["vectors"], dtype=np.float32))
+                    positions.append(np.asarray(row.get("positions", []), dtype=np.int64))
+                else:
+                    dense.append(np.asarray(row["vector"], dtype=np.float32))
+            except (*READ_ERRORS, AttributeError) as error:
+                raise DamagedSetError(f"line {line_number}: {type(error).__name__}: {error}") from None
     meta_path = _jsonl_meta(target)
     metadata = _read_meta(meta_path if meta_path.exists() else _sidecar(target, "meta.json"))  # older sets
     if multi:

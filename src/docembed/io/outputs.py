@@ -3,13 +3,28 @@
 Rule (every command that writes): '-' is stdout; the folder must exist; a target that is not a regular file
 (a device node, a FIFO) or that is one of the command's inputs is refused, even with --overwrite; an existing
 output needs --overwrite - unless it is a file older than every input it was made from, as after `make` saw
-the input change (then it is replaced, like make's own rules). Directory outputs (models, shard directories,
-result folders) may exist empty; a non-empty one always needs --overwrite.
+the input change (then it is replaced, like make's own rules).
+
+Every file of an output set obeys the rule, sidecars included (`x.ids.txt`, `x.meta.json`, `x.offsets.npy`
+... of `x.npy`): a sidecar that is an input is refused; an existing one needs --overwrite unless the set it
+belongs to is being replaced; when a set is replaced, the sidecars of the old set that the new one does not
+write are removed with it (a dense set written over a multi-vector one reads back dense).
+
+Directory outputs (indexes, models, training runs) may exist empty. docembed replaces a non-empty one only
+if it is a docembed output of the same kind, recognised by its own marker (`DirectoryKind`: an index's
+index.faiss + meta.json, a model's config.json of a known family, a run's checkpoint/ or train log), and
+only with --overwrite. Never, even with --overwrite: the working directory or a folder above it (`.`,
+`..`), a folder that is or holds an input; a non-empty folder docembed did not write is refused, naming why.
+(A shard directory is resumed in place: engines/manifest.py.)
 
 Writes: every file of a set goes to a temporary sibling `.NAME.tmpPID` first; only when all are complete are
 they renamed into place, under a lock (`.NAME.lock`) that also re-checks the rule, so two processes writing
-the same output cannot both succeed and a reader never sees files of two different writes. Temporaries and
-locks of dead processes are swept on the next write.
+the same output cannot both succeed and a reader never sees files of two different writes. A directory
+output is built in a staging sibling `.NAME.tmpPID/` and swapped in under the lock, held from the start
+(the old folder renamed away to `.NAME.oldPID`, the new one renamed in, the old one removed): a kill, a
+SIGTERM or a full disk leaves the previous output as it was. Temporaries, staging folders and locks of dead
+processes are swept on the next write (a staging folder only if it carries docembed's staging marker or is
+a complete output of the kind; an old folder left between the two renames is put back).
 """
 
 from __future__ import annotations
@@ -17,14 +32,29 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from docembed.errors import DocembedError
 
-_TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?:tmp|lock)(?P<pid>\d+)?$")
+_TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<what>tmp|lock|old)(?P<pid>\d+)?$")
+# Put inside a staging folder while it is filled: the sweep removes a dead writer's folder only if it holds
+# this (or is empty, or is a complete output of its kind), never a folder it cannot tell docembed wrote.
+STAGING_MARKER = ".docembed-staging"
+
+
+@dataclass(frozen=True)
+class DirectoryKind:
+    """A kind of directory output and how docembed recognises one it wrote: `recognise(folder)` checks the
+    kind's own marker, `marker` describes it in messages."""
+
+    name: str  # "docembed index"
+    marker: str  # "index.faiss and meta.json"
+    recognise: Callable[[Path], bool]
 
 
 def check_output(
@@ -33,8 +63,10 @@ def check_output(
     *,
     directory: bool = False,
     inputs: Sequence[str | Path] = (),
+    kind: DirectoryKind | None = None,
 ) -> None:
-    """Fail early, before any work, if `path` may not be written (see the module docstring)."""
+    """Fail early, before any work, if `path` may not be written (see the module docstring). `kind`: what a
+    directory output is; a non-empty folder that is not one is refused."""
     if str(path) == "-":
         return
     target = Path(path)
@@ -55,7 +87,15 @@ def check_output(
     if stat.S_ISDIR(info.st_mode):
         if not directory:
             raise DocembedError(f"output is a directory: {path} (name a file)")
-        if overwrite or not any(target.iterdir()):
+        _refuse_protected_folder(target, inputs)
+        if not any(target.iterdir()):
+            return
+        if kind is not None and not kind.recognise(target):
+            raise DocembedError(
+                f"output {path} is a folder that is not empty and is not a {kind.name} (no {kind.marker}): "
+                "docembed replaces only folders it wrote; choose another output"
+            )
+        if overwrite:
             return
         raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
     elif not stat.S_ISREG(info.st_mode):
@@ -65,6 +105,50 @@ def check_output(
     if overwrite or _older_than_inputs(info.st_mtime_ns, inputs):
         return
     raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
+
+
+def _refuse_protected_folder(target: Path, inputs: Sequence[str | Path]) -> None:
+    """The working directory, a folder above it, and a folder holding an input are never a directory output:
+    replacing one would remove the user's files (or the folder the command runs in)."""
+    folder = target.resolve()
+    here = Path.cwd().resolve()
+    if folder == here or folder in here.parents:
+        raise DocembedError(
+            f"output {target} is the working directory or a folder above it: name a new folder for the output"
+        )
+    for source in inputs:
+        if str(source) == "-" or "://" in str(source):
+            continue
+        if folder in Path(source).resolve().parents:
+            raise DocembedError(f"output {target} holds the input {source}: choose another output folder")
+
+
+def check_companions(
+    main: Path, companions: Sequence[Path], overwrite: bool, inputs: Sequence[str | Path] = ()
+) -> None:
+    """The rule for the other files of the set whose main file is `main` (its sidecars): none may be an input
+    or other than a regular file; an existing one needs --overwrite unless `main` exists (and so passed the
+    rule: the old set, sidecars included, is being replaced)."""
+    replacing_a_set = Path(main).exists()
+    for path in companions:
+        path = Path(path)
+        for source in inputs:
+            if str(source) != "-" and _same_file(path, Path(source)):
+                raise DocembedError(
+                    f"output {path} (written with {main.name}) is the input {source}: choose another output"
+                )
+        try:
+            info = path.stat()
+        except FileNotFoundError:
+            continue
+        except OSError as error:
+            raise DocembedError(f"cannot write {path}: {error.strerror}") from None
+        if not stat.S_ISREG(info.st_mode):
+            raise DocembedError(f"output {path} (written with {main.name}) is not a regular file: refused")
+        if not (overwrite or replacing_a_set):
+            raise DocembedError(
+                f"output exists: {path} (written with {main.name}; pass --overwrite to replace it)"
+            )
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -96,9 +180,12 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def sweep_stale_temporaries(folder: Path, names: Sequence[str]) -> list[Path]:
+def sweep_stale_temporaries(
+    folder: Path, names: Sequence[str], kind: DirectoryKind | None = None
+) -> list[Path]:
     """Remove `.NAME.tmpPID` files and `.NAME.lock` files of processes that no longer run (a SIGKILL or a
-    power cut leaves them); only for the given target NAMEs. Returns what was removed."""
+    power cut leaves them), and their staging folders (see `_sweep_folder`); only for the given target
+    NAMEs. Returns what was removed."""
     wanted = set(names)
     removed = []
     try:
@@ -115,17 +202,39 @@ def sweep_stale_temporaries(folder: Path, names: Sequence[str]) -> list[Path]:
                 pid = entry.read_text().strip()
             except OSError:
                 continue
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+        if not (pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            if _sweep_folder(entry, folder / match.group("name"), match.group("what"), kind):
+                removed.append(entry)
+        elif match.group("what") != "old":
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
 
 
+def _sweep_folder(entry: Path, target: Path, what: str, kind: DirectoryKind | None) -> bool:
+    """A dead writer's folder: its staging folder (`tmp`) is removed if it is verifiably ours; the previous
+    output it had renamed away (`old`) is put back if the output is missing (killed between the two renames
+    of the swap), removed if the output is there and the old folder is recognisably of its kind."""
+    if what == "old" and not target.exists():
+        os.rename(entry, target)
+        return True
+    ours = (entry / STAGING_MARKER).is_file() or (kind is not None and kind.recognise(entry))
+    if what == "tmp" and not any(entry.iterdir()):
+        entry.rmdir()
+        return True
+    if ours:
+        shutil.rmtree(entry, ignore_errors=True)
+        return True
+    return False
+
+
 @contextmanager
-def output_lock(target: Path) -> Iterator[None]:
+def output_lock(target: Path, kind: DirectoryKind | None = None) -> Iterator[None]:
     """An exclusive lock on writing `target` (a `.NAME.lock` file holding our pid)."""
     lock = target.with_name(f".{target.name}.lock")
-    sweep_stale_temporaries(target.parent, [target.name])
+    sweep_stale_temporaries(target.parent, [target.name], kind)
     # The lock appears with our pid already in it (written to `.NAME.lockPID`, then hard-linked into place,
     # which fails if the lock exists): a kill at any moment leaves no empty lock that no sweep could judge.
     staged = lock.with_name(f"{lock.name}{os.getpid()}")
@@ -157,12 +266,21 @@ class OutputSet:
     """The files of one output, written all or nothing. Write each file to `set.temporary(path)`, then
     `commit()`: under the lock, the rule is checked again (another process may have written the output
     meanwhile), the old main file is removed first and the new one renamed last, so at every moment the
-    main file is absent or belongs to a complete set. Temporaries are removed if anything fails."""
+    main file is absent or belongs to a complete set. Temporaries are removed if anything fails.
+    `companions`: every other file a set at `main` may have (its sidecars); they obey the rule too, and
+    those this write does not produce are removed with the old set."""
 
-    def __init__(self, main: Path, overwrite: bool, inputs: Sequence[str | Path] = ()):
+    def __init__(
+        self,
+        main: Path,
+        overwrite: bool,
+        inputs: Sequence[str | Path] = (),
+        companions: Sequence[Path] = (),
+    ):
         self.main = Path(main)
         self.overwrite = overwrite
         self.inputs = inputs
+        self.companions = [Path(c) for c in companions]
         self.files: list[tuple[Path, Path]] = []  # (temporary, target)
         sweep_stale_temporaries(self.main.parent, [self.main.name])
 
@@ -174,13 +292,20 @@ class OutputSet:
         return tmp
 
     def commit(self) -> list[Path]:
+        written = {target for _, target in self.files}
+        others = [*self.companions, *sorted(written - {self.main, *self.companions})]
         with output_lock(self.main):
             check_output(self.main, self.overwrite, inputs=self.inputs)
+            check_companions(self.main, others, self.overwrite, self.inputs)
             if self.main.exists():
                 self.main.unlink()
             # sidecars first, the main file last: its presence means the whole set is there
             ordered = sorted(self.files, key=lambda pair: pair[1] == self.main)
             for tmp, target in ordered:
+                if target == self.main:  # the old set's sidecars this one does not write go with it
+                    for stale in others:
+                        if stale not in written:
+                            stale.unlink(missing_ok=True)
                 os.replace(tmp, target)
         return [target for _, target in ordered]
 
@@ -201,6 +326,60 @@ def atomic_path(path: Path, overwrite: bool = True, inputs: Sequence[str | Path]
     with OutputSet(Path(path), overwrite, inputs) as output:
         yield output.temporary(Path(path))
         output.commit()
+
+
+@contextmanager
+def directory_output(
+    path: str | Path, kind: DirectoryKind, overwrite: bool = False, inputs: Sequence[str | Path] = ()
+) -> Iterator[Path]:
+    """A directory output written all or nothing: yields an empty staging folder (`.NAME.tmpPID`, a sibling)
+    to fill; when the block finishes, the rule is checked again and the folder swapped in. The lock is held
+    from the start, so a second writer of the same output fails at once instead of after its work. If
+    anything fails (an error, Ctrl-C, SIGTERM, a full disk) the staging folder goes and the previous output
+    stays as it was; after a SIGKILL the next write sweeps what is left."""
+    target = Path(path)
+    if _staged_by_us(target):  # a caller stages the whole output already (fit_family around fit_pv ...)
+        yield target
+        return
+    # first: a previous output that a killed swap left renamed away is back in place before the rule looks
+    sweep_stale_temporaries(target.parent, [target.name], kind)
+    check_output(target, overwrite, directory=True, inputs=inputs, kind=kind)
+    with output_lock(target, kind):
+        staging = temporary_path(target)
+        staging.mkdir()
+        (staging / STAGING_MARKER).write_text(str(os.getpid()))
+        try:
+            yield staging
+            # again: the folder may have changed since the start (a user's files put into an empty one)
+            check_output(target, overwrite, directory=True, inputs=inputs, kind=kind)
+            (staging / STAGING_MARKER).unlink()
+            swap_in_folder(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)  # ours: created above (gone once swapped in)
+
+
+def _staged_by_us(folder: Path) -> bool:
+    try:
+        return (folder / STAGING_MARKER).read_text().strip() == str(os.getpid())
+    except OSError:
+        return False
+
+
+def swap_in_folder(staging: Path, target: Path) -> None:
+    """Replace `target` (absent, empty, or checked to be an output of its kind) by `staging`: the old folder
+    is renamed away first and removed last, so a failure in between puts it back."""
+    old = target.with_name(f".{target.name}.old{os.getpid()}")
+    if target.is_dir() and not any(target.iterdir()):
+        target.rmdir()
+    elif target.exists():
+        os.rename(target, old)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        if old.exists() and not target.exists():
+            os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def describe_os_error(error: OSError, path: bool = True) -> str:

@@ -17,6 +17,7 @@ import gzip
 import io
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -105,6 +106,8 @@ def open_input(path: str) -> Iterator[IO[bytes]]:
     Local and URI readers are seekable (seeking in gzip decompresses from the start). OS errors on opening
     (missing, a directory, permission denied) are DocembedErrors naming the path."""
     if path == "-":
+        if sys.stdin is None:  # started with stdin closed (`<&-`)
+            raise DocembedError("cannot read the input from stdin: stdin is closed")
         yield sys.stdin.buffer
         return
     with ExitStack() as stack:
@@ -126,6 +129,21 @@ def open_input(path: str) -> Iterator[IO[bytes]]:
         yield handle
 
 
+def require_regular_file(path: str, what: str) -> None:
+    """`what` reads the input twice (it counts lines first): a pipe (a FIFO, /dev/stdin, a process
+    substitution) would block for ever on the second read, so it is refused up front."""
+    if "://" in path or path == "-":
+        return
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: opening it says so
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise UsageError(
+            f"{what} needs a regular file (it reads the input twice), but {path} is a pipe or device"
+        )
+
+
 def count_lines(path: str) -> int:
     """Number of records a text input holds (a final line without a newline counts)."""
     return line_offsets(path, 0)[0]
@@ -136,6 +154,8 @@ def line_offsets(path: str, every: int) -> tuple[int, list[int]]:
     every=0: the count only."""
     import numpy as np
 
+    if every:  # ranges are read again later, by seeking (the Ray engine's shards)
+        require_regular_file(path, "--engine ray")
     offsets, lines, position, last = [0], 0, 0, b"\n"
     next_start = every  # the line that starts the next range
     try:
@@ -221,6 +241,8 @@ class DocumentReader:
             raise UsageError("reading from stdin ('-') needs an explicit --format jsonl|txt|tsv")
         if path == "-" and shard is not None:
             raise UsageError("--shard needs a file (it counts lines first), not stdin")
+        if shard is not None:
+            require_regular_file(path, "--shard")
         if format is None and path != "-" and input_kind(path) == "dir":
             format = "parquet"  # a directory is read as Parquet files
         self.path = path
@@ -330,12 +352,7 @@ class DocumentReader:
             if not sep:
                 raise InputFormatError(self.name, line_number, "expected id<TAB>text")
             return Document(doc_id, text)
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise InputFormatError(self.name, line_number, f"malformed JSON ({error.msg})") from None
-        if not isinstance(record, dict):
-            raise InputFormatError(self.name, line_number, "expected a JSON object")
+        record = _json_record(line, raw, self.name, line_number)
         text = record.get(self.text_field)
         if not isinstance(text, str):
             what = "missing" if text is None else "not a string"
@@ -373,7 +390,48 @@ def _document_id(value, index: int, source: str, line_number: int) -> str:
         return str(index)
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise InputFormatError(source, line_number, f"id must be a string or a number, not {value!r:.40}")
+    if isinstance(value, float) and value != value:  # NaN: no id that could be found again
+        raise InputFormatError(source, line_number, "id must be a string or a number, not NaN")
     return str(value)
+
+
+def _json_record(line: str, raw: bytes, source: str, line_number: int) -> dict:
+    """One JSON Lines record as a dict, or an InputFormatError naming the line: malformed JSON, a number
+    Python will not read (over 4,300 digits), nesting deeper than the parser's stack, not an object, or a
+    lone surrogate escape (valid JSON, but no text: it cannot be encoded, tokenised or written back)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InputFormatError(source, line_number, f"malformed JSON ({error.msg})") from None
+    except ValueError as error:  # int() of a number with too many digits
+        raise InputFormatError(source, line_number, f"unreadable JSON ({error})") from None
+    except RecursionError:
+        raise InputFormatError(source, line_number, "JSON nested too deeply") from None
+    if not isinstance(record, dict):
+        raise InputFormatError(source, line_number, "expected a JSON object")
+    if b"\\u" in raw and _has_lone_surrogate(record):  # only a \u escape can make one (raw is UTF-8)
+        raise InputFormatError(
+            source, line_number, "holds a lone surrogate escape (\\ud800-\\udfff without its pair): not text"
+        )
+    return record
+
+
+def _has_lone_surrogate(value) -> bool:
+    """Whether any string in a JSON value holds a lone surrogate (json.loads pairs valid ones up)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def _parquet_slice(filesystem, path: str, low: int, high: int, id_field: str, text_field: str):
@@ -424,14 +482,10 @@ def iter_jsonl_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
                 blank += 1
                 continue
             try:
-                record = json.loads(raw.decode("utf-8"))
+                line = raw.decode("utf-8")
             except UnicodeDecodeError as error:
                 raise InputFormatError(path, index + 1, f"invalid UTF-8 ({error.reason})") from None
-            except json.JSONDecodeError as error:
-                raise InputFormatError(path, index + 1, f"malformed JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise InputFormatError(path, index + 1, "expected a JSON object")
-            yield index + 1, record
+            yield index + 1, _json_record(line, raw, path, index + 1)
     if blank:
         log(f"{path}: skipped {blank} blank line(s)")
 

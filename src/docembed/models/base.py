@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from docembed import __version__
 from docembed.errors import CorruptModelError, DocembedError
+from docembed.io.outputs import DirectoryKind, directory_output
 from docembed.types import Vectors
+from docembed.version import __version__
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -105,6 +106,20 @@ class Encoder(ABC):
     def normalized(self) -> bool:
         """Whether encode() returns unit-length vectors (cosine = dot product)."""
         return False
+
+    @property
+    def max_tokens(self) -> int | None:
+        """How many tokens of a document the model reads (the rest is not read), or None when it reads the
+        whole text however long."""
+        return None
+
+    def token_counts(self, texts: Sequence[str]) -> list[int] | None:
+        """Each text's length in the model's tokens (special tokens included), for the report of what a model
+        with `max_tokens` did not read; None for a model that reads every text whole."""
+        tokenizer = getattr(self, "tokenizer", None)
+        if self.max_tokens is None or tokenizer is None:
+            return None
+        return count_tokens(tokenizer, texts)
 
     @property
     def dim(self) -> int:
@@ -202,6 +217,34 @@ def _same_kind(value: Any, default: Any) -> bool:
     return True
 
 
+# Long texts are tokenised for counting in pieces of this many characters (cut at a space), so a 20 MB
+# one-line document costs the tokenizer megabytes, not gigabytes.
+COUNT_PIECE_CHARS = 100_000
+
+
+def count_tokens(tokenizer, texts: Sequence[str]) -> list[int]:
+    """Tokens of each text under a Hugging Face tokenizer, with the model's special tokens."""
+    pieces, owners = [], []
+    for index, text in enumerate(texts):
+        start = 0
+        while True:
+            end = start + COUNT_PIECE_CHARS
+            if end < len(text):
+                end = text.rfind(" ", start + COUNT_PIECE_CHARS // 2, end) + 1 or end
+            pieces.append(text[start:end])
+            owners.append(index)
+            if end >= len(text):
+                break
+            start = end
+    specials = tokenizer.num_special_tokens_to_add(pair=False)
+    counts = [specials] * len(texts)
+    if pieces:
+        encoded = tokenizer(pieces, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        for owner, ids in zip(owners, encoded, strict=True):
+            counts[owner] += len(ids)
+    return counts
+
+
 def read_config(directory: str | Path) -> dict[str, Any]:
     """The parsed config.json of a saved model, or a CorruptModelError that says what is wrong."""
     path = Path(directory) / CONFIG_NAME
@@ -221,6 +264,28 @@ def read_config(directory: str | Path) -> dict[str, Any]:
         what = "no 'config' entry" if "config" not in payload else f"a 'config' of {payload['config']!r:.40}"
         raise CorruptModelError(f"{path} has {what}: expected a JSON object of the model's settings")
     return payload
+
+
+def is_model_dir(directory: Path) -> bool:
+    """Whether `directory` holds a model docembed saved: a config.json naming a family docembed knows."""
+    from docembed.models.families import FAMILY_MODULES
+
+    try:
+        payload = json.loads((Path(directory) / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(payload, dict) and payload.get("family") in FAMILY_MODULES
+
+
+#: what fit / train-pv / encode --fit may replace (io/outputs.py's rule for directory outputs)
+MODEL_DIRECTORY = DirectoryKind("docembed model", "config.json of a known family", is_model_dir)
+
+
+def save_encoder(encoder: Encoder, directory: str | Path, overwrite: bool = True) -> None:
+    """`encoder.save(directory)` all or nothing: into a staging folder swapped in whole; an existing folder
+    there is replaced only if it is a docembed model (io/outputs.py), never a folder of other files."""
+    with directory_output(directory, MODEL_DIRECTORY, overwrite) as staging:
+        encoder.save(staging)
 
 
 def save_state_dict(module, directory: str | Path) -> None:

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
-from docembed.models.base import Encoder, EncoderConfig, read_config
+from docembed.models.base import Encoder, EncoderConfig, read_config, save_encoder
 from docembed.models.families import register
 from docembed.text import TOKENIZERS
 from docembed.text import tokenize as tokenize_words
@@ -321,7 +321,7 @@ def _fit_and_save(model: FittedBaseline, texts: Iterable[str], output: str | Pat
     texts = list(texts)
     model.fit(texts)
     if output is not None:
-        model.save(output)
+        save_encoder(model, output)
     log(f"fitted {model.family} on {len(texts)} documents" + (f" -> {output}" if output is not None else ""))
     return model
 

@@ -20,6 +20,7 @@ FAMILY_MODULES: dict[str, str] = {
     "student": "docembed.models.student",
     "quickthoughts": "docembed.models.quickthoughts",
     "setenc": "docembed.models.setenc",
+    "static": "docembed.models.static",
 }
 
 _FAMILIES: dict[str, type] = {}

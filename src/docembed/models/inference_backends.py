@@ -14,7 +14,8 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import numpy as np
@@ -156,12 +157,68 @@ def build_runner(
 
     threads = threads or torch.get_num_threads()
     target = cache_dir(fingerprint, backend, precision)
+    export = _export_openvino if backend == "openvino" else _export_onnx
+    open_runner = _openvino_runner if backend == "openvino" else _onnx_runner
+    return cached_runner(
+        target,
+        lambda tmp: export(model, precision, list(calibration), tmp),
+        lambda directory: open_runner(directory, threads),
+    )
+
+
+def cached_runner(
+    target: Path, export: Callable[[Path], dict], open_runner: Callable[[Path], Runner]
+) -> Runner:
+    """The runner of the export cached in `target`, exporting it first when missing. A cached export the
+    engine cannot open (truncated or damaged files) is removed and exported again, with a warning."""
+    from docembed.runtime import log
+
     if not (target / "done.json").exists():
-        export = _export_openvino if backend == "openvino" else _export_onnx
-        _export_atomically(target, lambda tmp: export(model, precision, list(calibration), tmp))
-    if backend == "openvino":
-        return _openvino_runner(target, threads)
-    return _onnx_runner(target, threads)
+        _export_atomically(target, export)
+    try:
+        with _engine_output():
+            return open_runner(target)
+    except Exception as error:  # whatever the engine raises on a damaged file of docembed's own cache
+        reason = " ".join(str(error).split())[:200] or type(error).__name__
+        log(f"warning: the cached inference model {target} is damaged ({reason}); exporting it again")
+    shutil.rmtree(target, ignore_errors=True)
+    _export_atomically(target, export)
+    with _engine_output():
+        return open_runner(target)
+
+
+@contextmanager
+def _engine_output() -> Iterator[None]:
+    """stdout carries docembed's data only: what the engines and the quantiser print there (NNCF's progress
+    bars and log lines, written by Python or C++) goes to stderr, or nowhere under -q; their warnings (tracer
+    notes a user cannot act on) are shown only with -v. Redirected at the file descriptor, since a library
+    may hold the original sys.stdout or write from C++."""
+    import sys
+    import warnings
+
+    from docembed.runtime import settings
+
+    # under -q, stderr too: the engines' own chatter is no error (errors come back as exceptions)
+    redirected = (1, 2) if settings.quiet else (1,)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = {fd: os.dup(fd) for fd in redirected}
+    sink = os.open(os.devnull, os.O_WRONLY) if settings.quiet else os.dup(2)
+    try:
+        for fd in redirected:
+            os.dup2(sink, fd)
+        # and sys.stdout itself, for when it is not file descriptor 1 (a notebook, a test's capture)
+        with open(os.dup(sink), "w") as python_sink, redirect_stdout(python_sink), warnings.catch_warnings():
+            if not settings.verbose:
+                warnings.simplefilter("ignore")
+            yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for fd, original in saved.items():
+            os.dup2(original, fd)
+            os.close(original)
+        os.close(sink)
 
 
 def _export_atomically(target: Path, export: Callable[[Path], dict]) -> None:
@@ -171,7 +228,8 @@ def _export_atomically(target: Path, export: Callable[[Path], dict]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
         start = time.perf_counter()
-        info = export(tmp)
+        with _engine_output():
+            info = export(tmp)
         info["export_seconds"] = round(time.perf_counter() - start, 2)
         info["bytes"] = sum(p.stat().st_size for p in tmp.iterdir())
         (tmp / "done.json").write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")

@@ -417,6 +417,10 @@ class NuggetEncoder(Encoder):
     def dim(self) -> int:
         return self.model.backbone.hidden_size
 
+    @property
+    def max_tokens(self) -> int:
+        return min(self.config.max_length, self.model.backbone.max_positions)
+
     def to(self, device: str) -> NuggetEncoder:
         self.model.to(device)
         self.device = device

@@ -25,8 +25,9 @@ from typing import Any
 import numpy as np
 
 from docembed.errors import CorruptModelError, UsageError
+from docembed.io.outputs import directory_output
 from docembed.io.readers import Document
-from docembed.models.base import WEIGHTS_NAME, Encoder, EncoderConfig, read_config
+from docembed.models.base import MODEL_DIRECTORY, WEIGHTS_NAME, Encoder, EncoderConfig, read_config
 from docembed.models.families import register
 from docembed.text import tokenize as tokenize_words
 from docembed.types import l2_normalize
@@ -272,12 +273,12 @@ def fit_pv(
     encoder, stats = train_paragraph_vectors(corpus, config)
     if getattr(corpus, "skipped", 0):  # a DocumentReader with --skip-invalid counts what it left out
         log(f"skipped {corpus.skipped} invalid line(s) of {corpus.name} in each pass")
-    if output is not None:
-        output = Path(output)
-        encoder.save(output)
-        with open(output / "train_log.jsonl", "w", encoding="utf-8") as handle:
-            for entry in stats:
-                handle.write(json.dumps(entry.to_dict()) + "\n")
+    if output is not None:  # all or nothing: a staging folder swapped in whole (io/outputs.py)
+        with directory_output(output, MODEL_DIRECTORY, overwrite=True) as folder:
+            encoder.save(folder)
+            with open(folder / "train_log.jsonl", "w", encoding="utf-8") as handle:
+                for entry in stats:
+                    handle.write(json.dumps(entry.to_dict()) + "\n")
     where = f" -> {output}" if output is not None else ""
     log(
         f"trained pv-{config.mode} (dim {encoder.dim}) on {len(encoder.tags)} documents in "

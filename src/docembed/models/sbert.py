@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
+from docembed.io.outputs import DirectoryKind
 from docembed.models import inference_backends
 from docembed.models.base import Encoder, EncoderConfig, read_config
 from docembed.models.families import register
@@ -26,6 +27,10 @@ from docembed.models.offline import resolve_sbert
 from docembed.types import MultiVectors, Vectors, l2_normalize
 
 ST_SUBDIR = "sentence_transformer"
+# What `docembed export` writes: replaced (with --overwrite) only when it holds a sentence-transformers model.
+SENTENCE_TRANSFORMERS_DIRECTORY = DirectoryKind(
+    "sentence-transformers model", "modules.json", lambda folder: (folder / "modules.json").is_file()
+)
 OUTPUTS = ("mean", "tokens", "chunks")
 
 
@@ -161,6 +166,10 @@ class SBertEncoder(Encoder):
         return int(self.model.max_seq_length)
 
     @property
+    def max_tokens(self) -> int | None:
+        return None if self.config.output == "chunks" else self.max_seq_length
+
+    @property
     def tokenizer(self):
         return self.model.tokenizer
 
@@ -249,6 +258,19 @@ class SBertEncoder(Encoder):
         directory = Path(directory)
         self.model.save(str(directory / ST_SUBDIR))
         self.write_config(directory)
+
+    def export_sentence_transformers(self, directory: str | Path) -> None:
+        """The sentence-transformers model underneath as a folder `SentenceTransformer(directory)` loads (a
+        docembed model folder cannot be one: both keep a config.json at the top). It gives this model's
+        vectors for output="mean"; "tokens" and "chunks" are docembed's use of it (see `docembed export`)."""
+        from sentence_transformers import SentenceTransformer
+        from sentence_transformers.models import Normalize
+
+        model = self.model
+        if self.config.normalize and not any(isinstance(module, Normalize) for module in model):
+            # docembed normalises this model's output itself: the exported pipeline must say so too
+            model = SentenceTransformer(modules=[*model, Normalize()], device=str(model.device))
+        model.save(str(directory))
 
     @classmethod
     def load(cls, directory: str | Path, device: str = "cpu") -> SBertEncoder:

@@ -106,6 +106,10 @@ class StudentEncoder(Encoder):
     def dim(self) -> int:
         return int(self.model.config.hidden_size)
 
+    @property
+    def max_tokens(self) -> int:
+        return self.config.max_length
+
     def to(self, device: str) -> StudentEncoder:
         self.model.to(device)
         self.device = device

@@ -166,11 +166,17 @@ def fit_family(
     name: str, corpus: Iterable, output: str | Path | None = None, seed: int = 0, device: str = "auto"
 ):
     """Fit corpus-fitted family `name` on `corpus` (re-iterable texts or Documents) with its default settings,
-    saving it to `output` if given; returns the fitted Encoder."""
+    saving it to `output` if given (all or nothing; an existing folder there is replaced only if it is a
+    docembed model, see io/outputs.py); returns the fitted Encoder."""
     from docembed.errors import UsageError
+    from docembed.io.outputs import directory_output
+    from docembed.models.base import MODEL_DIRECTORY
 
     if name not in FIT_FUNCTIONS:
         raise UsageError(
             f"only the corpus-fitted families ({', '.join(FIT_FUNCTIONS)}) are fitted, not {name!r}"
         )
-    return FIT_FUNCTIONS[name](corpus, output, seed, device)
+    if output is None:
+        return FIT_FUNCTIONS[name](corpus, None, seed, device)
+    with directory_output(output, MODEL_DIRECTORY, overwrite=True) as staging:
+        return FIT_FUNCTIONS[name](corpus, staging, seed, device)

@@ -34,7 +34,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from docembed.models.base import load_untied_state, untied_state
+from docembed.errors import CorruptModelError, DocembedError
+from docembed.io.outputs import STAGING_MARKER, DirectoryKind, swap_in_folder
+from docembed.models.base import CONFIG_NAME, is_model_dir, load_untied_state, untied_state
 from docembed.runtime import log, progress_bar, raise_if_interrupted, resolve_device, torchrun_rank
 
 
@@ -237,13 +239,47 @@ def _reduce_mean(values: dict[str, float], env: DistEnv, device: str) -> dict[st
     return {k: float(v) / env.world_size for k, v in zip(keys, tensor.tolist(), strict=True)}
 
 
+def is_training_output(directory: Path) -> bool:
+    """Whether `directory` is a folder docembed trains into: a saved model, a run's checkpoint or log, a
+    staging folder docembed is filling, or a run that so far holds only a model it trained first (the PV
+    teacher train-distill saves in OUTPUT/pv-teacher before its own training starts)."""
+    return (
+        is_model_dir(directory)
+        or (directory / "checkpoint").is_dir()
+        or (directory / "train_log.jsonl").is_file()
+        or (directory / STAGING_MARKER).is_file()
+        or any(is_model_dir(child) for child in directory.iterdir() if child.is_dir())
+    )
+
+
+#: where a train-* command may write (io/outputs.py's rule for directory outputs): a run resumes in it
+TRAINING_OUTPUT = DirectoryKind(
+    "docembed model or training run", "config.json, checkpoint/ or train_log.jsonl", is_training_output
+)
+
+
+def _restore_swapped_away(folder: Path) -> None:
+    """A kill between the two renames of `swap_in_folder` leaves the previous folder as `.NAME.oldPID`
+    and none at NAME: put it back."""
+    if folder.exists():
+        return
+    for old in sorted(folder.parent.glob(f".{folder.name}.old*")):
+        try:
+            os.rename(old, folder)
+            return
+        except OSError:  # another rank put it back first
+            continue
+
+
 class Checkpoint:
-    """`<output_dir>/checkpoint/`: module weights (safetensors), optimizer state, loop position."""
+    """`<output_dir>/checkpoint/`: module weights (safetensors), optimizer state, loop position. Written to
+    `checkpoint.tmp/` and swapped in whole: a kill or a full disk at any moment leaves the last one."""
 
     def __init__(self, output_dir: Path):
         self.dir = output_dir / "checkpoint"
 
     def exists(self) -> bool:
+        _restore_swapped_away(self.dir)
         return (self.dir / "state.json").exists()
 
     def save(self, module: nn.Module, optimizer, state: dict) -> None:
@@ -254,21 +290,52 @@ class Checkpoint:
         save_file(untied_state(module), str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
-        if self.dir.exists():
-            for f in self.dir.iterdir():
-                f.unlink()
-            self.dir.rmdir()
-        tmp.rename(self.dir)
+        swap_in_folder(tmp, self.dir)
 
     def load(self, module: nn.Module, optimizer, device: str) -> dict:
+        """The loop position, after loading the weights and optimiser state into `module` and `optimizer`.
+        A checkpoint of another model (sizes differ) or a damaged one is a CorruptModelError naming it."""
+        import pickle
+
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        state = load_file(str(self.dir / "model.safetensors"), device=device)
-        load_untied_state(module, state, f"{self.dir} does not match this run's model")
-        optimizer.load_state_dict(
-            torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True)
-        )
-        return json.loads((self.dir / "state.json").read_text())
+        try:
+            position = json.loads((self.dir / "state.json").read_text())
+            if not isinstance(position, dict) or not all(isinstance(position.get(k), int) for k in POSITION):
+                raise ValueError(f"state.json lacks {', '.join(POSITION)}")
+            state = load_file(str(self.dir / "model.safetensors"), device=device)
+            load_untied_state(module, state, f"{self.dir} does not match this run's model")
+            optimizer.load_state_dict(
+                torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True)
+            )
+        except (
+            OSError,
+            ValueError,
+            KeyError,
+            TypeError,
+            RuntimeError,
+            EOFError,
+            pickle.UnpicklingError,
+            SafetensorError,
+        ) as error:  # a truncated file, or the state of another model size (RuntimeError: size mismatch)
+            raise CorruptModelError(
+                f"cannot resume from {self.dir}: {_first_reason(error)}; "
+                "train afresh without --resume, or into another --output"
+            ) from None
+        return position
+
+
+# What state.json records of the loop's position.
+POSITION = ("step", "epoch", "batches_done_in_epoch")
+
+
+def _first_reason(error: Exception) -> str:
+    """One line of what went wrong: torch lists every mismatched tensor; the first says enough."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    mismatch = [line for line in lines if line.startswith("size mismatch")]
+    reason = (mismatch or lines or [type(error).__name__])[0]
+    return reason[:300]
 
 
 class BestWeights:
@@ -279,8 +346,17 @@ class BestWeights:
         self.dir = output_dir / "best"
 
     def record(self) -> dict | None:
+        _restore_swapped_away(self.dir)
         path = self.dir / "state.json"
-        return json.loads(path.read_text()) if path.exists() else None
+        if not path.exists():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            raise CorruptModelError(f"cannot read {path}: {_first_reason(error)}") from None
+        if not isinstance(record, dict) or not {"step", "metric", "score"} <= record.keys():
+            raise CorruptModelError(f"{path} is not a record of the best weights (step, metric, score)")
+        return record
 
     def save(self, module: nn.Module, record: dict) -> None:
         from safetensors.torch import save_file
@@ -289,8 +365,7 @@ class BestWeights:
         tmp.mkdir(parents=True, exist_ok=True)
         save_file(untied_state(module), str(tmp / "model.safetensors"))
         (tmp / "state.json").write_text(json.dumps(record, indent=2))
-        self.clear()
-        tmp.rename(self.dir)
+        swap_in_folder(tmp, self.dir)
 
     def load(self, module: nn.Module, device: str) -> None:
         from safetensors.torch import load_file
@@ -475,7 +550,7 @@ def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None)
         )
     if env.is_main:
         module.eval()
-        recipe.save(output_dir)
+        save_trained_model(recipe, output_dir)
         (output_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     if env.world_size > 1:
         import torch.distributed as dist
@@ -490,6 +565,35 @@ def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None)
         time.sleep(0.2)
         dist.destroy_process_group()
     return summary
+
+
+def save_trained_model(recipe: Recipe, output_dir: Path) -> None:
+    """The recipe's model files all or nothing: saved into a staging folder inside the run, then moved in
+    with the old config.json (what makes the folder a saved model) removed first and the new one put last.
+    A subfolder of the previous save is replaced only when the run folder holds a saved model."""
+    import shutil
+
+    staging = output_dir / f".model.tmp{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)  # ours: named after this process
+    staging.mkdir()
+    try:
+        recipe.save(staging)
+        names = sorted((p.name for p in staging.iterdir()), key=lambda name: name == CONFIG_NAME)
+        clashes = [n for n in names if (staging / n).is_dir() and (output_dir / n).exists()]
+        if clashes and not is_model_dir(output_dir):
+            from docembed.errors import DocembedError
+
+            raise DocembedError(
+                f"cannot save the model: {output_dir / clashes[0]} exists and is not part of a saved model"
+            )
+        (output_dir / CONFIG_NAME).unlink(missing_ok=True)
+        for name in names:
+            if (staging / name).is_dir():
+                swap_in_folder(staging / name, output_dir / name)
+            else:
+                os.replace(staging / name, output_dir / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _own_batches(batches: Iterable[Any], done: int, env: DistEnv) -> Iterator[tuple[int, Any]]:
@@ -610,21 +714,47 @@ def _append_log(log_path: Path, line: dict) -> None:
         handle.write(json.dumps(line) + "\n")
 
 
+def _read_log(log_path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each line of train_log.jsonl. A last line cut short (the run was killed while
+    writing it) is dropped with a warning; any other line that is not a JSON object is a DocembedError."""
+    text = log_path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError):
+            record = None
+        if isinstance(record, dict) and isinstance(record.get("step", 0), int):
+            records.append((line, record))
+        elif number == len(lines) and not line.endswith("\n"):
+            log(f"warning: {log_path}: dropping its last line, cut short by an interrupted write")
+        else:
+            raise DocembedError(
+                f"{log_path}:{number}: not a log line of docembed (a JSON object with an integer step); "
+                "remove the line to resume"
+            )
+    return records
+
+
 def _last_validated_step(log_path: Path) -> int:
     """The step of the last validation line in the log (-1: none): a resumed run that ends where it
     started does not validate the same weights twice."""
     if not log_path.exists():
         return -1
-    lines = (json.loads(line) for line in log_path.read_text(encoding="utf-8").splitlines() if line.strip())
-    return max((line["step"] for line in lines if "eval" in line), default=-1)
+    records = (record for _, record in _read_log(log_path))
+    return max((record.get("step", -1) for record in records if "eval" in record), default=-1)
 
 
 def _truncate_log(log_path: Path, after_step: int) -> None:
-    """Drop log lines of steps after `after_step`: a run that stopped before checkpointing them wrote them."""
+    """Drop log lines of steps after `after_step`: a run that stopped before checkpointing them wrote them
+    (and a last line cut short by a kill)."""
     if not log_path.exists():
         return
     lines = log_path.read_text(encoding="utf-8").splitlines(keepends=True)
-    kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= after_step]
+    kept = [line for line, record in _read_log(log_path) if record.get("step", 0) <= after_step]
     if len(kept) != len(lines):
         tmp = log_path.with_name(log_path.name + ".tmp")
         tmp.write_text("".join(kept), encoding="utf-8")

@@ -1,0 +1,225 @@
+"""The Python face of docembed: `docembed.load(name).encode(texts)`, as sentence-transformers users expect.
+
+A `Model` wraps one `Encoder` (any family) and runs it through the same chunked encode loop as `docembed
+encode` (encoding.encode_texts), so the API and the CLI give the same vectors bit for bit. What it adds is
+what notebook users ask for: a single string gives one embedding, optional normalisation, mean pooling of
+a multi-vector model, torch output, prompts, a similarity matrix, and silent loading (docs/python.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from docembed.encoding import coverage_of, encode_texts
+from docembed.errors import TruncationWarning, UsageError
+from docembed.models.base import Encoder, save_encoder
+from docembed.models.registry import load_model
+from docembed.runtime import progress_shown, resolve_device
+from docembed.scoring import cosine_matrix, maxsim_one_to_many
+from docembed.types import MultiVectors, Vectors, normalize_vectors
+
+ConvertTo = Literal["numpy", "torch"]
+Pooling = Literal["mean"] | None
+PROMPT_NAMES = ("query", "document")
+
+
+def load(
+    name_or_dir: str | Path,
+    device: str = "auto",
+    *,
+    ratio: float | None = None,
+    backend: str | None = None,
+    precision: str | None = None,
+    prompts: dict[str, str] | None = None,
+) -> Model:
+    """A model by built-in name (`sbert`, `nugget`, `student`, ...: `docembed models` lists them), saved
+    directory (docembed's or any sentence-transformers folder), name under the models home, or hub id.
+
+    device: "auto" (a GPU when torch sees one), "cpu", "cuda" or "cuda:N". ratio: NUGGET's share of token
+    vectors kept. backend / precision: the inference engine and arithmetic of the transformer families
+    (`precision="int8"` quantises the model's weights for speed; it is not the embeddings' storage type, see
+    `quantize_embeddings`). prompts: text put before a query / document by `encode_query` / `encode_document`
+    (keys "query", "document"), as for models trained with instructions."""
+    encoder = load_model(str(name_or_dir), device=resolve_device(device))
+    if ratio is not None:
+        encoder.set_ratio(ratio)
+    if backend or precision:
+        encoder.set_inference(backend, precision)
+    return Model(encoder, prompts=prompts)
+
+
+class Model:
+    """A loaded model. `encode` returns, per text, one vector (dense models, or any model with
+    pooling="mean") or a set of vectors (multi-vector models: a `MultiVectors`, flat `vectors` plus
+    `offsets`, with `to_list()` / iteration / `[i]` giving one `(k_i, dim)` array per text)."""
+
+    def __init__(self, encoder: Encoder, prompts: dict[str, str] | None = None):
+        unknown = set(prompts or {}) - set(PROMPT_NAMES)
+        if unknown:
+            raise UsageError(
+                f"prompts are named {' or '.join(PROMPT_NAMES)}, not {', '.join(sorted(unknown))}"
+            )
+        self.encoder = encoder
+        self.prompts = dict(prompts or {})
+
+    def __repr__(self) -> str:
+        kind = "multi-vector" if self.is_multi_vector else "dense"
+        return f"docembed.Model({self.name!r}, family={self.family!r}, {kind}, dim={self.dim})"
+
+    # --- what the model is ---------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.encoder.name
+
+    @property
+    def family(self) -> str:
+        return self.encoder.family
+
+    @property
+    def dim(self) -> int:
+        return self.encoder.dim
+
+    @property
+    def is_multi_vector(self) -> bool:
+        return self.encoder.multi_vector
+
+    @property
+    def max_tokens(self) -> int | None:
+        """Tokens of a document the model reads; None when it reads the whole text."""
+        return self.encoder.max_tokens
+
+    @property
+    def device(self) -> str:
+        return getattr(self.encoder, "device", "cpu")
+
+    def metadata(self) -> dict[str, Any]:
+        """What `docembed encode` writes beside the vectors (model, family, config hash, ...)."""
+        return self.encoder.metadata()
+
+    # --- encoding ------------------------------------------------------------------------------------
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        batch_size: int = 32,
+        *,
+        normalize_embeddings: bool = False,
+        show_progress_bar: bool | None = None,
+        convert_to: ConvertTo = "numpy",
+        pooling: Pooling = None,
+        prompt: str | None = None,
+    ):
+        """Embed `texts` (a list, or one string for one embedding).
+
+        normalize_embeddings: unit-length vectors (every vector of a multi-vector model). pooling="mean":
+        one vector per text from a multi-vector model (a no-op for dense ones). convert_to="torch": a tensor
+        (a list of tensors for multi-vector output). prompt: text put before every input. show_progress_bar:
+        None shows one when stderr is a terminal, as the CLI does."""
+        if convert_to not in ("numpy", "torch"):
+            raise UsageError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
+        if pooling not in (None, "mean"):
+            raise UsageError(f"pooling must be None or 'mean', not {pooling!r}")
+        single = isinstance(texts, str)
+        batch = [texts] if single else list(texts)
+        if not all(isinstance(text, str) for text in batch):
+            raise UsageError("encode takes a string or a sequence of strings")
+        if prompt:
+            batch = [prompt + text for text in batch]
+        coverage = coverage_of(self.encoder)
+        with progress_shown(show_progress_bar):
+            vectors = encode_texts(
+                self.encoder, batch, batch_size=batch_size, label=f"encode [{self.name}]", coverage=coverage
+            )
+        if coverage is not None and coverage.documents_cut:
+            warnings.warn(coverage.summary(self.name), TruncationWarning, stacklevel=2)
+        if pooling == "mean" and isinstance(vectors, MultiVectors):
+            vectors = vectors.mean()
+        if normalize_embeddings:
+            vectors = normalize_vectors(vectors)
+        return _converted(vectors, convert_to, single)
+
+    def encode_query(self, texts: str | Sequence[str], batch_size: int = 32, **options):
+        """`encode` with the model's query prompt (the same as `encode` when it has none)."""
+        return self.encode(texts, batch_size, prompt=self.prompts.get("query"), **options)
+
+    def encode_document(self, texts: str | Sequence[str], batch_size: int = 32, **options):
+        """`encode` with the model's document prompt (the same as `encode` when it has none)."""
+        return self.encode(texts, batch_size, prompt=self.prompts.get("document"), **options)
+
+    def fit(self, texts: Sequence[str]) -> Model:
+        """Fit a corpus-fitted family (tfidf, bm25) on `texts`; pv and setenc train with
+        `docembed train-pv` / `train-setenc` and load from their folder."""
+        if not self.encoder.supports("fit"):
+            raise UsageError(f"{self.name} is not fitted on a corpus here (fit is for tfidf and bm25)")
+        self.encoder.fit(list(texts))
+        return self
+
+    # --- scoring -------------------------------------------------------------------------------------
+    def similarity(self, a, b) -> np.ndarray:
+        """Scores of every `a` against every `b`, shape (len(a), len(b)): cosine for dense embeddings,
+        mean-MaxSim (asymmetric: `a` are the queries) for multi-vector ones, as `docembed similarity` scores.
+        `a` and `b` are `encode` outputs (numpy) or texts, which are encoded first."""
+        left, right = self._as_vectors(a), self._as_vectors(b)
+        if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
+            raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
+        if isinstance(left, np.ndarray):
+            return cosine_matrix(left, right).astype(np.float32)
+        scores = np.zeros((len(left), len(right)), dtype=np.float32)
+        for row, query in enumerate(left):
+            scores[row] = maxsim_one_to_many(query, right)
+        return scores
+
+    def _as_vectors(self, value) -> Vectors:
+        if isinstance(value, str):
+            value = [value]
+        if isinstance(value, (list, tuple)) and (not value or isinstance(value[0], str)):
+            value = self.encode(list(value))  # texts (an empty list is no texts)
+        if isinstance(value, MultiVectors):
+            return value
+        if isinstance(value, list):  # a list of (k_i, dim) arrays: the list view of a multi-vector output
+            return MultiVectors.from_list([np.asarray(v, dtype=np.float32) for v in value])
+        array = np.asarray(value, dtype=np.float32)
+        if array.ndim == 1:
+            return array[None, :]
+        if array.ndim != 2:
+            raise UsageError(f"similarity takes vectors of shape (n, dim) or (dim,), not {array.shape}")
+        return array
+
+    def save(self, directory: str | Path, overwrite: bool = False) -> None:
+        """config.json + weights, loadable again with `docembed.load(directory)` and by the CLI. Written
+        all or nothing; an existing folder is replaced only with `overwrite`, and only a docembed model."""
+        save_encoder(self.encoder, directory, overwrite)
+
+
+def quantize_embeddings(embeddings: Vectors, precision: str = "int8", calibration_embeddings=None):
+    """Store embeddings in fewer bytes: "int8" / "uint8" (one byte per dimension, ranges from
+    `calibration_embeddings` or the embeddings themselves) or "binary" / "ubinary" (one bit per dimension,
+    packed). This is sentence-transformers' `quantize_embeddings`, applied to every vector of a
+    multi-vector output too. Not `load(..., precision=)`, which is the arithmetic the model runs in."""
+    from sentence_transformers import quantize_embeddings as quantize
+
+    if isinstance(embeddings, MultiVectors):
+        calibration = calibration_embeddings
+        if isinstance(calibration, MultiVectors):
+            calibration = calibration.vectors
+        flat = quantize(embeddings.vectors, precision, calibration_embeddings=calibration)
+        return MultiVectors(flat, embeddings.offsets, embeddings.positions)
+    return quantize(np.asarray(embeddings), precision, calibration_embeddings=calibration_embeddings)
+
+
+def _converted(vectors: Vectors, convert_to: ConvertTo, single: bool):
+    if convert_to == "torch":
+        import torch
+
+        if isinstance(vectors, MultiVectors):
+            out = [torch.from_numpy(np.array(v)) for v in vectors]
+        else:
+            out = torch.from_numpy(np.asarray(vectors))
+        return out[0] if single else out
+    if single:
+        return vectors[0]
+    return vectors
