@@ -93,6 +93,8 @@ def test_a_single_string_gives_one_vector_not_one_per_character(glove, tokens_mo
 def test_encode_refuses_what_is_not_text(glove):
     with pytest.raises(UsageError, match="string"):
         glove.encode([1, 2])
+    with pytest.raises(UsageError, match="text 1 is not valid Unicode"):
+        glove.encode(["fine", "a \ud800 lone surrogate"])
     with pytest.raises(UsageError, match="convert_to"):
         glove.encode(["x"], convert_to="list")
 

@@ -125,8 +125,15 @@ class Model:
             raise UsageError(f"pooling must be None or 'mean', not {pooling!r}")
         single = isinstance(texts, str)
         batch = [texts] if single else list(texts)
-        if not all(isinstance(text, str) for text in batch):
-            raise UsageError("encode takes a string or a sequence of strings")
+        for index, text in enumerate(batch):
+            if not isinstance(text, str):
+                raise UsageError("encode takes a string or a sequence of strings")
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as error:  # a lone surrogate: no tokenizer can read it
+                raise UsageError(
+                    f"text {index} is not valid Unicode ({error.reason} at {error.start})"
+                ) from None
         if prompt:
             batch = [prompt + text for text in batch]
         coverage = coverage_of(self.encoder)

@@ -90,6 +90,8 @@ def search(
     spec = model or vector_index.metadata.get("model_source") or vector_index.metadata.get("model")
     if not spec:
         raise UsageError("the index does not record its model: pass --model")
+    from docembed.encoding import encode_texts
+
     encoder = common.load(spec)
     items = [(str(i), text) for i, text in enumerate(query or [])]
     if queries:
@@ -97,7 +99,7 @@ def search(
     else:
         items_iter = iter(items)
     for chunk in batched(items_iter, 256):
-        vectors = encoder.encode([text for _, text in chunk], batch_size=batch_size)
+        vectors = encode_texts(encoder, [text for _, text in chunk], batch_size=batch_size)
         for (qid, text), hits in zip(chunk, vector_index.search(vectors, k), strict=True):
             row = {
                 "query_id": qid,
