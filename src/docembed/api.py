@@ -33,6 +33,7 @@ def load(
     device: str = "auto",
     *,
     ratio: float | None = None,
+    long_documents: str | None = None,
     backend: str | None = None,
     precision: str | None = None,
     prompts: dict[str, str] | None = None,
@@ -41,13 +42,17 @@ def load(
     directory (docembed's or any sentence-transformers folder), name under the models home, or hub id.
 
     device: "auto" (a GPU when torch sees one), "cpu", "cuda" or "cuda:N". ratio: NUGGET's share of token
-    vectors kept. backend / precision: the inference engine and arithmetic of the transformer families
-    (`precision="int8"` quantises the model's weights for speed; it is not the embeddings' storage type, see
-    `quantize_embeddings`). prompts: text put before a query / document by `encode_query` / `encode_document`
-    (keys "query", "document"), as for models trained with instructions."""
+    vectors kept. long_documents: "truncate" or "windows" (sbert, nugget: a document longer than one pass
+    is cut, or read whole in windows; `max_tokens` is then None). backend / precision: the inference engine
+    and arithmetic of the transformer families (`precision="int8"` quantises the model's weights for speed;
+    it is not the embeddings' storage type, see `quantize_embeddings`). prompts: text put before a query /
+    document by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
+    instructions."""
     encoder = load_model(str(name_or_dir), device=resolve_device(device))
     if ratio is not None:
         encoder.set_ratio(ratio)
+    if long_documents is not None:
+        encoder.set_long_documents(long_documents)
     if backend or precision:
         encoder.set_inference(backend, precision)
     return Model(encoder, prompts=prompts)

@@ -21,6 +21,16 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torc
     return torch.from_numpy(ids), torch.from_numpy(mask.astype(np.int64))
 
 
+def token_windows(ids: Sequence[int], width: int, overlap: int = 0) -> list[tuple[int, Sequence[int]]]:
+    """(start, ids[start:start + width]) windows that cover all of `ids`, each sharing `overlap` tokens with
+    the one before; one (empty) window for no ids, so every text gets a vector."""
+    if width < 1 or not 0 <= overlap < width:
+        raise ValueError(f"windows need width >= 1 and 0 <= overlap < width, got {width}, {overlap}")
+    step = width - overlap
+    starts = range(0, max(len(ids) - overlap, 1), step)
+    return [(start, ids[start : start + width]) for start in starts]
+
+
 class PackedSequences:
     """Many token-id sequences in two arrays, `tokens` (all of them, end to end) and `offsets` (n + 1): a
     corpus costs 4 bytes a token, where a list of Python int lists costs about 36."""

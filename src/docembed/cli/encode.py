@@ -34,6 +34,12 @@ def encode(
     output_format: str = typer.Option(None, "--output-format", help="Override the format implied by -o."),
     overwrite: bool = common.OVERWRITE,
     ratio: float = typer.Option(None, "--ratio", help="NUGGET: compression ratio r at encode time."),
+    long: str = typer.Option(
+        None,
+        "--long",
+        help="sbert, nugget: a document longer than the model reads is cut (truncate) or read whole in "
+        "windows (windows). Default: the model's (docembed models; encode reports what it did not read).",
+    ),
     backend: str = typer.Option(
         None,
         "--backend",
@@ -108,6 +114,7 @@ def encode(
             skip_invalid=skip_invalid,
             batch_size=batch_size,
             ratio=ratio,
+            long_documents=long,
             overwrite=overwrite,
             options=RayOptions(**{k: v for k, v in ray_flags.items() if v is not None}),
         )
@@ -129,6 +136,8 @@ def encode(
     encoder = common.load(model)
     if ratio is not None:
         encoder.set_ratio(ratio)
+    if long is not None:
+        encoder.set_long_documents(long)
     if backend or precision:
         encoder.set_inference(backend, precision)
     if workers is not None:

@@ -94,6 +94,7 @@ def encode_with_ray(
     ratio: float | None = None,
     overwrite: bool = False,
     options: RayOptions | None = None,
+    long_documents: str | None = None,
 ) -> dict:
     """Encode INPUT into the shard directory OUTPUT (layout: docs/ray-engine.md); returns the manifest."""
     from docembed.runtime import log, progress_bar, settings
@@ -117,6 +118,7 @@ def encode_with_ray(
         },
         "model": model_source,
         "ratio": ratio,
+        "long_documents": long_documents,
         "rows_per_shard": options.rows_per_shard,
     }
     manifest = prepare_output(out, job, plan, overwrite)
@@ -134,6 +136,7 @@ def encode_with_ray(
             "files": plan.files,
             "model": model_source,
             "ratio": ratio,
+            "long_documents": long_documents,
             "batch_size": batch_size,
             "device": settings.device,
             "seed": settings.seed,
@@ -272,6 +275,8 @@ def _load_encoder(task: dict):
     model = load_model(task["model"], device=resolve_device())
     if task["ratio"] is not None:
         model.set_ratio(task["ratio"])
+    if task.get("long_documents") is not None:
+        model.set_long_documents(task["long_documents"])
     return model
 
 

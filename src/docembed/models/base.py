@@ -62,7 +62,10 @@ CAPABILITIES = {
     "fit": "fitting on a task's own text",
     "sparse": "sparse features (encode_sparse)",
     "backends": "--backend / --precision (another inference engine or int8)",
+    "long": "--long (truncate | windows: a document longer than the model reads, cut or read in windows)",
 }
+
+LONG_MODES = ("truncate", "windows")
 
 
 class Encoder(ABC):
@@ -166,6 +169,10 @@ class Encoder(ABC):
     def set_ratio(self, ratio: float) -> None:
         """Multi-vector families with a compression ratio ("ratio") override this."""
         self.require("ratio")
+
+    def set_long_documents(self, mode: str) -> None:
+        """Families that can read a document longer than one pass in windows ("long") override this."""
+        self.require("long")
 
     def set_workers(self, workers: int) -> None:
         """Families that encode in several processes ("workers") override this."""

@@ -38,9 +38,17 @@ import torch
 from torch import nn
 
 from docembed.errors import DocembedError, UsageError
-from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
+from docembed.models.base import (
+    LONG_MODES,
+    Encoder,
+    EncoderConfig,
+    load_state_dict,
+    read_config,
+    save_state_dict,
+)
 from docembed.models.families import register
 from docembed.models.nugget_backbones import BACKBONES, backbone_path, load_tokenizer
+from docembed.tensors import token_windows
 from docembed.types import MultiVectors
 
 TOKENIZER_SUBDIR = "tokenizer"
@@ -48,6 +56,7 @@ RESIDUALS = ("raw", "straight-through", "none")
 SELECTORS = ("scorer", "chunk", "idf")
 FREEZES = ("bottom", "encoder", "encoder+value")
 KINDS = ("bert", "bart")
+LONG_DOCUMENTS = LONG_MODES
 
 
 @dataclass
@@ -68,6 +77,11 @@ class NuggetConfig(EncoderConfig):
     # at the identity: nuggets are the encoder's own token vectors and only the selection learns)
     freeze: str = "bottom"
     idf_prior: float = 0.0  # scorer selector: add this times the token's IDF to its score
+    # A document longer than max_length: "truncate" reads its first max_length tokens; "windows" reads all
+    # of it in consecutive windows of max_length, each keeping ceil(r * n_w) of its n_w tokens, so a
+    # document keeps about r of all its tokens (sum of the windows' ceil: ceil(r * n) plus at most one per
+    # window beyond the first).
+    long_documents: str = "truncate"
 
     def __post_init__(self):
         if not 0 < self.ratio <= 1:
@@ -77,6 +91,7 @@ class NuggetConfig(EncoderConfig):
             ("selector", self.selector, SELECTORS),
             ("freeze", self.freeze, FREEZES),
             ("kind", self.kind, KINDS),
+            ("long_documents", self.long_documents, LONG_DOCUMENTS),
         ):
             if value not in allowed:
                 raise UsageError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
@@ -376,7 +391,7 @@ def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
 class NuggetEncoder(Encoder):
     family = "nugget"
     config_class = NuggetConfig
-    capabilities = frozenset({"ratio"})
+    capabilities = frozenset({"ratio", "long"})
 
     def __init__(self, config: NuggetConfig, name: str | None = None, tokenizer=None, model=None):
         super().__init__(config, name)
@@ -418,7 +433,9 @@ class NuggetEncoder(Encoder):
         return self.model.backbone.hidden_size
 
     @property
-    def max_tokens(self) -> int:
+    def max_tokens(self) -> int | None:
+        if self.config.long_documents == "windows":
+            return None
         return min(self.config.max_length, self.model.backbone.max_positions)
 
     def to(self, device: str) -> NuggetEncoder:
@@ -464,6 +481,8 @@ class NuggetEncoder(Encoder):
         self, texts: Sequence[str], batch_size: int = 32
     ) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
         """Per text: (nugget vectors (k, d), token positions (k,), the text's token ids)."""
+        if self.config.long_documents == "windows":
+            return self._windowed_nuggets(texts, batch_size)
         ids = self.tokenize(texts)
         results: list[Any] = [None] * len(ids)
         for chunk, input_ids, attention in self._batches(ids, batch_size):
@@ -473,6 +492,46 @@ class NuggetEncoder(Encoder):
                 k = int(out.slots[row].sum())
                 results[i] = (vectors[row, :k], out.indices[row, :k].cpu().numpy(), ids[i])
         return results
+
+    def set_long_documents(self, mode: str) -> None:
+        if mode not in LONG_DOCUMENTS:
+            raise UsageError(f"--long must be one of {', '.join(LONG_DOCUMENTS)}, got {mode!r}")
+        self.config.long_documents = mode
+
+    def _windowed_nuggets(self, texts: Sequence[str], batch_size: int) -> list[tuple]:
+        """`nuggets` over the whole of each text: consecutive windows of max_length tokens, each selecting
+        its own ceil(r * n_w) nuggets, positions counted in the whole text's token ids."""
+        width = min(self.config.max_length, self.model.backbone.max_positions)
+        tokens = self.tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)[
+            "input_ids"
+        ]
+        # the tokenizer's own wrapping of a text ([CLS] ... [SEP] for BERT, <s> ... </s> for BART)
+        empty = self.tokenizer("")["input_ids"]
+        before, after = empty[:1], empty[1:]
+        windows, owners, starts = [], [], []
+        for index, text_tokens in enumerate(tokens):
+            for start, window in token_windows(text_tokens, width - len(empty)):
+                windows.append([*before, *window, *after])
+                owners.append(index)
+                starts.append(start)
+        found: list[Any] = [None] * len(windows)
+        for chunk, input_ids, attention in self._batches(windows, batch_size):
+            out = self.model.encode_batch(input_ids, attention)
+            vectors = out.nuggets.float().cpu().numpy()
+            for row, w in enumerate(chunk):
+                k = int(out.slots[row].sum())
+                found[w] = (vectors[row, :k], out.indices[row, :k].cpu().numpy() + starts[w])
+        per_text: list[list] = [[] for _ in tokens]
+        for w, owner in enumerate(owners):
+            per_text[owner].append(found[w])
+        return [
+            (
+                np.concatenate([v for v, _ in parts]),
+                np.concatenate([p for _, p in parts]),
+                [*before, *text_tokens, *after],
+            )
+            for parts, text_tokens in zip(per_text, tokens, strict=True)
+        ]
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> MultiVectors:
         texts = list(texts)

@@ -56,6 +56,12 @@ BUILTIN: dict[str, ZooEntry] = {
         "all-MiniLM-L6-v2 over consecutive 256-token windows, averaged: the long-document baseline",
         {"model_name_or_path": "all-MiniLM-L6-v2", "output": "chunks", "max_seq_length": 256},
     ),
+    "sbert-windows": ZooEntry(
+        "sbert",
+        "all-MiniLM-L6-v2 over 256-token windows of the whole text, one vector per window (multi-vector): "
+        "a query is scored against a document's best windows (MaxP)",
+        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "windows", "max_seq_length": 256},
+    ),
     "nugget": ZooEntry(
         "nugget",
         "NUGGET on MiniLM: a learned tenth of the token vectors, mean-MaxSim (`docembed inspect` shows them)",

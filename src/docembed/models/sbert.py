@@ -21,9 +21,10 @@ import numpy as np
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.io.outputs import DirectoryKind
 from docembed.models import inference_backends
-from docembed.models.base import Encoder, EncoderConfig, read_config
+from docembed.models.base import LONG_MODES, Encoder, EncoderConfig, NotSupportedError, read_config
 from docembed.models.families import register
 from docembed.models.offline import resolve_sbert
+from docembed.tensors import token_windows
 from docembed.types import MultiVectors, Vectors, l2_normalize
 
 ST_SUBDIR = "sentence_transformer"
@@ -31,14 +32,18 @@ ST_SUBDIR = "sentence_transformer"
 SENTENCE_TRANSFORMERS_DIRECTORY = DirectoryKind(
     "sentence-transformers model", "modules.json", lambda folder: (folder / "modules.json").is_file()
 )
-OUTPUTS = ("mean", "tokens", "chunks")
+# mean: one vector of the first max_seq_length tokens; tokens: one per token of those; chunks: the mean of
+# windows over the whole text; windows: one vector per window (multi-vector: MaxSim scores a query against
+# a document's best windows, MaxP when the query is one window)
+OUTPUTS = ("mean", "tokens", "chunks", "windows")
 
 
 @dataclass
 class SBertConfig(EncoderConfig):
     model_name_or_path: str = "all-MiniLM-L6-v2"
-    output: str = "mean"  # "mean" | "tokens" | "chunks"
+    output: str = "mean"  # "mean" | "tokens" | "chunks" | "windows" (see OUTPUTS)
     max_seq_length: int | None = None  # None keeps the model's own limit
+    window_overlap: int = 0  # chunks / windows: tokens each window shares with the one before
     normalize: bool = True
     backend: str = "auto"  # auto | torch | openvino | onnx (inference only; the weights are the same)
     precision: str = "fp32"  # fp32 | int8
@@ -53,7 +58,7 @@ class SBertConfig(EncoderConfig):
 class SBertEncoder(Encoder):
     family = "sbert"
     config_class = SBertConfig
-    capabilities = frozenset({"backends"})
+    capabilities = frozenset({"backends", "long"})
 
     def __init__(self, config: SBertConfig, name: str | None = None, device: str = "cpu", _path=None):
         super().__init__(config, name)
@@ -67,6 +72,11 @@ class SBertEncoder(Encoder):
             raise error_type(f"cannot load sentence-transformers model {source!r}: {error}") from None
         if config.max_seq_length:
             self.model.max_seq_length = config.max_seq_length
+        if not 0 <= config.window_overlap < self.model.max_seq_length - 2:
+            raise UsageError(
+                f"window_overlap must be at least 0 and below the window's {self.model.max_seq_length - 2} "
+                f"tokens, got {config.window_overlap}"
+            )
         self.weights_dir = source if Path(source).is_dir() else self.model[0].auto_model.name_or_path
         self.device = device
         self._runner = None  # built on first use: `to()` and `set_inference()` may still change it
@@ -79,6 +89,19 @@ class SBertEncoder(Encoder):
         self.config.backend, self.config.precision = backend, precision
         self._runner = None
         return self
+
+    def set_long_documents(self, mode: str) -> None:
+        """truncate: one pass over the first max_seq_length tokens; windows: all of it in windows (the mean
+        output becomes the mean of the windows; the windows output reads windows already)."""
+        if mode not in LONG_MODES:
+            raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
+        # mean <-> chunks is the one pair that differs only in how much is read; the others keep their kind
+        switch = {("windows", "mean"): "chunks", ("truncate", "chunks"): "mean"}
+        output = self.config.output
+        if (mode, output) in switch:
+            self.config.output = switch[mode, output]
+        elif (mode, output) in (("windows", "tokens"), ("truncate", "windows")):
+            raise NotSupportedError(f"--long {mode} is not available for this model's {output} output")
 
     @property
     def backend(self) -> str:
@@ -149,7 +172,7 @@ class SBertEncoder(Encoder):
 
     @property
     def multi_vector(self) -> bool:
-        return self.config.output == "tokens"
+        return self.config.output in ("tokens", "windows")
 
     @property
     def normalized(self) -> bool:
@@ -167,7 +190,7 @@ class SBertEncoder(Encoder):
 
     @property
     def max_tokens(self) -> int | None:
-        return None if self.config.output == "chunks" else self.max_seq_length
+        return None if self.config.output in ("chunks", "windows") else self.max_seq_length
 
     @property
     def tokenizer(self):
@@ -183,6 +206,8 @@ class SBertEncoder(Encoder):
         texts = list(texts)
         if self.config.output == "chunks":
             return self._encode_chunks(texts, batch_size)
+        if self.config.output == "windows":
+            return self._encode_windows(texts, batch_size)
         engine = self._engine()
         if engine is not None:
             return self._encode_with_engine(texts, batch_size, engine)
@@ -205,22 +230,31 @@ class SBertEncoder(Encoder):
             items = [l2_normalize(t) for t in items]
         return MultiVectors.from_list(items, [np.arange(len(t)) for t in items])
 
-    def windows(self, texts: Sequence[str]) -> tuple[list[list[int]], np.ndarray]:
-        """Each text's token ids cut into consecutive windows of at most `max_seq_length` tokens, each
-        wrapped in [CLS] ... [SEP]; returns the windows and, per window, the index of its text."""
+    def windows(self, texts: Sequence[str]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        """Each text's token ids cut into windows of at most `max_seq_length` tokens (sharing
+        `window_overlap` with the one before), each wrapped in [CLS] ... [SEP]; returns the windows, per
+        window the index of its text, and per window the position of its first token in the text."""
         tokenizer = self.tokenizer
-        step = self.max_seq_length - 2
         ids = tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-        windows, owners = [], []
+        windows, owners, starts = [], [], []
         for index, tokens in enumerate(ids):
-            for start in range(0, max(len(tokens), 1), step):
-                window = tokens[start : start + step]
+            for start, window in token_windows(tokens, self.max_seq_length - 2, self.config.window_overlap):
                 windows.append([tokenizer.cls_token_id, *window, tokenizer.sep_token_id])
                 owners.append(index)
-        return windows, np.asarray(owners, dtype=np.int64)
+                starts.append(start)
+        return windows, np.asarray(owners, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+
+    def _encode_windows(self, texts: list[str], batch_size: int) -> MultiVectors:
+        windows, owners, starts = self.windows(texts)
+        vectors = self._embed_windows(windows, batch_size)
+        if self.config.normalize:
+            vectors = l2_normalize(vectors)
+        # windows come out text by text, in order: the offsets are the running count of each text's windows
+        offsets = np.concatenate([[0], np.cumsum(np.bincount(owners, minlength=len(texts)))])
+        return MultiVectors(vectors.astype(np.float32), offsets, starts)
 
     def _encode_chunks(self, texts: list[str], batch_size: int) -> np.ndarray:
-        windows, owners = self.windows(texts)
+        windows, owners, _ = self.windows(texts)
         vectors = self._embed_windows(windows, batch_size)
         sums = np.zeros((len(texts), vectors.shape[1]), dtype=np.float64)
         np.add.at(sums, owners, vectors)

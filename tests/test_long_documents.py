@@ -1,0 +1,92 @@
+"""Whole documents: windows over every token (sbert's chunks and windows outputs, NUGGET's windows), the
+same result as one pass for a document that fits in one window, and the --long switch."""
+
+import math
+
+import numpy as np
+import pytest
+
+import docembed
+from cli_helpers import invoke
+from docembed.tensors import token_windows
+
+LONG = " ".join(f"word{i % 97} is here" for i in range(400))  # well over one tiny window
+
+
+def test_windows_cover_every_token_with_the_overlap_asked_for():
+    ids = list(range(10))
+    assert token_windows(ids, 4) == [(0, [0, 1, 2, 3]), (4, [4, 5, 6, 7]), (8, [8, 9])]
+    assert [start for start, _ in token_windows(ids, 4, overlap=1)] == [0, 3, 6]
+    assert token_windows([], 4) == [(0, [])]  # an empty text still gets one window
+    assert token_windows(list(range(4)), 4, overlap=2) == [(0, [0, 1, 2, 3])]
+    with pytest.raises(ValueError):
+        token_windows(ids, 4, overlap=4)
+
+
+@pytest.fixture(scope="module")
+def sbert_outputs(tiny_sbert_dir):
+    def load(output, overlap=0, normalize=True):
+        model = docembed.load(str(tiny_sbert_dir), device="cpu")
+        model.encoder.config.output = output
+        model.encoder.config.window_overlap = overlap
+        model.encoder.config.normalize = normalize
+        return model
+
+    return load
+
+
+def test_a_text_within_one_window_reads_the_same_in_every_mode(sbert_outputs):
+    short = ["a short text", "another short one"]
+    mean = sbert_outputs("mean").encode(short)
+    assert np.allclose(sbert_outputs("chunks").encode(short), mean, atol=1e-6)
+    windows = sbert_outputs("windows").encode(short)
+    assert windows.counts.tolist() == [1, 1] and np.allclose(windows.vectors, mean, atol=1e-6)
+
+
+def test_windows_read_the_whole_text(sbert_outputs):
+    model = sbert_outputs("windows", overlap=8)
+    width = model.encoder.max_seq_length - 2
+    n = len(model.encoder.tokenizer(LONG, add_special_tokens=False)["input_ids"])
+    sets = model.encode([LONG])
+    assert sets.counts[0] == len(token_windows(list(range(n)), width, 8)) > 1
+    assert sets.positions.tolist() == [start for start, _ in token_windows(list(range(n)), width, 8)]
+    assert model.max_tokens is None
+    raw_windows = sbert_outputs("windows", overlap=8, normalize=False).encode([LONG])
+    chunks = sbert_outputs("chunks", overlap=8, normalize=False).encode([LONG])[0]
+    assert np.allclose(chunks, raw_windows[0].mean(axis=0), atol=1e-5)  # chunks = the mean of the windows
+
+
+def test_long_switches_sbert_between_one_pass_and_windows(tiny_sbert_dir):
+    model = docembed.load(str(tiny_sbert_dir), device="cpu", long_documents="windows")
+    assert model.encoder.config.output == "chunks" and model.max_tokens is None
+    tokens = docembed.load(str(tiny_sbert_dir), device="cpu")
+    tokens.encoder.config.output = "tokens"
+    with pytest.raises(docembed.DocembedError, match="not available"):
+        tokens.encoder.set_long_documents("windows")
+
+
+def test_nugget_windows_keep_about_r_of_all_tokens(minilm_tokenizer):
+    from tiny_models import tiny_nugget
+
+    encoder = tiny_nugget(minilm_tokenizer, ratio=0.25, max_length=64)
+    short = ["a short document of a few words"]
+    truncated = encoder.encode(short + [LONG])
+    encoder.set_long_documents("windows")
+    whole = encoder.encode(short + [LONG])
+    assert np.allclose(whole[0], truncated[0], atol=1e-5)  # one window: the same nuggets
+    n = len(minilm_tokenizer(LONG, add_special_tokens=False)["input_ids"])
+    windows = len(token_windows(list(range(n)), 64 - 2))
+    k = int(whole.counts[1])
+    assert math.ceil(0.25 * n) <= k <= math.ceil(0.25 * n) + 2 * windows  # each window's ceil (+ specials)
+    assert int(truncated.counts[1]) == math.ceil(0.25 * 64)  # truncate: the first 64 tokens only
+    assert whole.positions[whole.offsets[1] : whole.offsets[2]].max() > 64  # nuggets from beyond the cut
+    assert encoder.max_tokens is None
+
+
+def test_long_is_refused_by_families_without_it(tmp_path, capfd):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("one document\n")
+    result = invoke(
+        capfd, "encode", str(corpus), "-m", "glove-avg", "--long", "windows", "-o", str(tmp_path / "e.npy")
+    )
+    assert result.code != 0 and "--long" in result.err and "Traceback" not in result.err
