@@ -7,7 +7,7 @@ A page whose text equals an earlier page's (links, aliases) is written once.
 Option lists, synopses and code are mostly short lines and drop out. Pages named python* are skipped (the
 Python documentation is reserved for independent evaluation). Derived data: written under runs/, not shipped.
 
-    python scripts/man_corpus.py runs/zoo/man-pages.jsonl [--sections 1,5,7,8] [--limit N]
+    python scripts/man_corpus.py runs/zoo/man-pages.jsonl [--sections 1,5,7,8] [--limit N] [--min-bytes B]
 """
 
 from __future__ import annotations
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output", type=Path)
     parser.add_argument("--sections", default="1,5,7,8")
     parser.add_argument("--limit", type=int, default=None, help="pages per section (default: all)")
+    parser.add_argument(
+        "--min-bytes", type=int, default=0, help="skip page files smaller than this (compressed): long pages"
+    )
     args = parser.parse_args(argv)
     pages = written = paragraphs = 0
     seen: set[str] = set()
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> None:
             folder = MAN_ROOT / f"man{section}"
             for path in sorted(folder.iterdir())[: args.limit]:
                 if not path.is_file() or path.name.startswith("python"):
+                    continue
+                if path.stat().st_size < args.min_bytes:
                     continue
                 pages += 1
                 kept = page_paragraphs(path)

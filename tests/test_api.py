@@ -178,8 +178,9 @@ def test_similarity_refuses_dense_against_multi_vector(tokens_model):
 
 def test_max_tokens_says_what_a_model_reads():
     assert docembed.load("glove-avg", device="cpu").max_tokens is None  # reads the whole text
-    assert docembed.load("sbert", device="cpu").max_tokens == 256
-    assert docembed.load("sbert-chunks", device="cpu").max_tokens is None  # windows over all of it
+    assert docembed.load("sbert", device="cpu").max_tokens is None  # the mean of windows over all of it
+    assert docembed.load("sbert", device="cpu", long_documents="truncate").max_tokens == 256
+    assert docembed.load("sbert-tokens", device="cpu").max_tokens == 256
 
 
 def test_fit_for_corpus_fitted_families(glove):

@@ -90,3 +90,26 @@ def test_long_is_refused_by_families_without_it(tmp_path, capfd):
         capfd, "encode", str(corpus), "-m", "glove-avg", "--long", "windows", "-o", str(tmp_path / "e.npy")
     )
     assert result.code != 0 and "--long" in result.err and "Traceback" not in result.err
+
+
+def test_student_windows_average_every_token_of_a_long_text(tiny_bert_dir):
+    from docembed.models.student import convert_long
+
+    student = convert_long(str(tiny_bert_dir), max_length=40, attention_window=8)
+    student.config.normalize = False
+    short = ["a short text"]
+    truncated = student.encode(short + [LONG])
+    student.set_long_documents("windows")
+    whole = student.encode(short + [LONG])
+    assert np.allclose(whole[0], truncated[0], atol=1e-6)  # one window: the same vector
+    assert not np.allclose(whole[1], truncated[1], atol=1e-3)  # the rest of the text counts now
+    # the length-weighted mean of the windows' means = the mean over all the windows' tokens
+    tokens = student.tokenizer(LONG, add_special_tokens=False)["input_ids"]
+    windows = [
+        [student.tokenizer.cls_token_id, *w, student.tokenizer.sep_token_id]
+        for _, w in token_windows(tokens, 38)
+    ]
+    means = student._means(windows, 8)
+    weights = np.array([len(w) for w in windows], dtype=np.float64)
+    assert np.allclose(whole[1], (means * weights[:, None]).sum(axis=0) / weights.sum(), atol=1e-5)
+    assert student.max_tokens is None

@@ -295,6 +295,7 @@ def test_distill_freeze_embeddings_keeps_them_fixed(tmp_path):
 @needs_minilm
 def test_sbert_chunks_reads_past_the_first_window():
     chunks, sbert = _builtin("sbert-chunks"), _builtin("sbert")
+    sbert.set_long_documents("truncate")  # one pass over the first 256 tokens (sbert's default reads all)
     short = "A short review of a good film."
     long = (
         short + " " + " ".join(f"Then paragraph {i} talks about gardening and tomatoes." for i in range(80))

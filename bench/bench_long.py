@@ -1,0 +1,172 @@
+"""Really long documents: every model, truncated and whole, on this machine's long man pages (thousands of
+words each; text no model here was trained on), against tf-idf.
+
+Documents: English man pages of 2,000 to 10,000 words (scripts/man_corpus.py, rendered at run time, never
+shipped), split in two by a hash of their names: `val` (for choosing modes and defaults) and `test`.
+Two tasks, every document of the split a candidate, MRR x100 with ties counted against the gold:
+- part -> document: a passage of three or more paragraphs (60 to 200 words) from the middle of a page is the
+  query; its page, with that passage taken out, is the one right answer;
+- halves: a page's first half (by words) is the query, its second half the answer.
+Per model: MRR per split and task, by the length of the whole page in MiniLM tokens (512-2k, 2k-8k, > 8k),
+the paired difference from tf-idf and sbert-chunks on the same queries, encode seconds.
+
+    .venv/bin/python bench/bench_long.py [--docs 80] [--models sbert,sbert-chunks,...]
+    .venv/bin/python bench/run.py --only long
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+OUT = BENCH_DIR / "results" / "long.json"
+WORK = ROOT / "runs" / "long"  # the rendered pages (runs/ is git-ignored: derived text is never committed)
+BUCKETS = ((0, 512), (512, 2048), (2048, 8192), (8192, 10**9))
+# (label, docembed.load name, options): each transformer family truncated (its default) and whole
+MODELS = (
+    ("tfidf", "tfidf", {}),
+    ("static", "static", {}),
+    ("sbert", "sbert", {}),
+    ("sbert-chunks", "sbert-chunks", {}),
+    ("sbert-windows", "sbert-windows", {}),
+    ("nugget", "nugget", {}),
+    ("nugget --long windows", "nugget", {"long_documents": "windows"}),
+    ("student", "student", {}),
+    ("student --long windows", "student", {"long_documents": "windows"}),
+)
+
+
+def pages(limit: int) -> list[dict]:
+    """Long man pages (2,000-10,000 words), rendered once into WORK, the first `limit` by name."""
+    corpus = WORK / "man-pages.jsonl"
+    if not corpus.exists():
+        WORK.mkdir(parents=True, exist_ok=True)
+        script = ROOT / "scripts" / "man_corpus.py"
+        subprocess.run([sys.executable, str(script), str(corpus), "--min-bytes", "12000"], check=True)
+    rows = [json.loads(line) for line in corpus.read_text(encoding="utf-8").splitlines()]
+    rows = [r for r in rows if 2000 <= len(r["text"].split()) <= 10000]
+    return sorted(rows, key=lambda r: r["id"])[:limit]
+
+
+def split_of(page_id: str) -> str:
+    return "val" if hashlib.sha1(page_id.encode()).digest()[0] % 2 == 0 else "test"
+
+
+def part_task(page: dict, rng: np.random.Generator) -> tuple[str, str]:
+    """(a passage of consecutive paragraphs from the middle of the page, the page without it)."""
+    paragraphs = page["text"].split("\n")
+    start = int(rng.integers(len(paragraphs) // 5, max(len(paragraphs) * 4 // 5, len(paragraphs) // 5 + 1)))
+    end, words = start, 0
+    while end < len(paragraphs) and (end - start < 3 or words < 60) and words < 200:
+        words += len(paragraphs[end].split())
+        end += 1
+    return "\n".join(paragraphs[start:end]), "\n".join(paragraphs[:start] + paragraphs[end:])
+
+
+def halves_task(page: dict) -> tuple[str, str]:
+    words = page["text"].split(" ")
+    return " ".join(words[: len(words) // 2]), " ".join(words[len(words) // 2 :])
+
+
+def reciprocal_ranks(scores: np.ndarray) -> np.ndarray:
+    """Query i's answer is candidate i; ties with the answer count against it (pessimistic rank)."""
+    gold = np.diag(scores)
+    rank = 1 + (scores > gold[:, None]).sum(axis=1) + (scores == gold[:, None]).sum(axis=1) - 1
+    return 1.0 / rank
+
+
+def run_model(label: str, name: str, options: dict, tasks: dict) -> dict:
+    import docembed
+
+    model = docembed.load(name, device="cpu", **options)
+    out = {"max_tokens": model.max_tokens, "seconds": 0.0, "tasks": {}}
+    for task, by_split in tasks.items():
+        for split, (queries, candidates) in by_split.items():
+            if name == "tfidf":
+                model = docembed.load("tfidf", device="cpu").fit(candidates)
+            started = time.perf_counter()
+            with warnings.catch_warnings():  # truncation is what this bench measures: no warning per call
+                warnings.simplefilter("ignore")
+                scores = model.similarity(model.encode(queries), model.encode(candidates))
+            out["seconds"] += time.perf_counter() - started
+            out["tasks"].setdefault(task, {})[split] = reciprocal_ranks(scores).tolist()
+        print(f"[long] {label}: {task} done ({out['seconds']:.0f} s so far)", file=sys.stderr, flush=True)
+    return out
+
+
+def summarise(results: dict, lengths: dict, reference: tuple[str, ...] = ("tfidf", "sbert-chunks")) -> dict:
+    from docembed.evaluation.statistics import paired_difference
+
+    table = {}
+    for label, result in results.items():
+        rows = {}
+        for task, by_split in result["tasks"].items():
+            for split, rr in by_split.items():
+                rr = np.asarray(rr)
+                row = {"mrr": round(100 * float(rr.mean()), 2), "n": len(rr)}
+                for low, high in BUCKETS:
+                    inside = (lengths[split] >= low) & (lengths[split] < high)
+                    if inside.any():
+                        row[f"mrr_{low}-{high if high < 10**9 else 'more'}"] = round(
+                            100 * float(rr[inside].mean()), 2
+                        )
+                for other in reference:
+                    if other != label and other in results:
+                        row[f"vs_{other}"] = paired_difference(rr, results[other]["tasks"][task][split])
+                rows[f"{task}/{split}"] = row
+        table[label] = {"max_tokens": result["max_tokens"], "seconds": round(result["seconds"], 1), **rows}
+    return table
+
+
+def main(
+    out_dir: pathlib.Path | None = None, full: bool = False, docs: int = 80, models: list[str] | None = None
+):
+    import docembed
+
+    chosen = [m for m in MODELS if models is None or m[0] in models]
+    rng = np.random.default_rng(1111)
+    corpus = pages(docs if not full else 10**6)
+    tasks: dict[str, dict] = {"part": {}, "halves": {}}
+    lengths = {}
+    tokenizer = docembed.load("sbert", device="cpu").encoder.tokenizer
+    for split in ("val", "test"):
+        chosen_pages = [p for p in corpus if split_of(p["id"]) == split]
+        parts = [part_task(p, rng) for p in chosen_pages]
+        halves = [halves_task(p) for p in chosen_pages]
+        tasks["part"][split] = ([q for q, _ in parts], [d for _, d in parts])
+        tasks["halves"][split] = ([q for q, _ in halves], [d for _, d in halves])
+        counts = tokenizer([p["text"] for p in chosen_pages], add_special_tokens=False, verbose=False)
+        lengths[split] = np.array([len(ids) for ids in counts["input_ids"]])
+    results = {label: run_model(label, name, options, tasks) for label, name, options in chosen}
+    summary = {
+        "data": f"{len(corpus)} English man pages of 2,000-10,000 words (this machine's /usr/share/man), "
+        f"val {len(lengths['val'])} / test {len(lengths['test'])} by a hash of the page name",
+        "tokens_per_page": {
+            s: {"median": int(np.median(v)), "max": int(v.max())} for s, v in lengths.items()
+        },
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        "models": summarise(results, lengths),
+    }
+    OUT.write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--docs", type=int, default=80)
+    parser.add_argument("--models", help="comma-separated labels (default: all)")
+    args = parser.parse_args()
+    result = main(docs=args.docs, models=args.models.split(",") if args.models else None)
+    json.dump(result, sys.stdout, indent=1)
+    print()
