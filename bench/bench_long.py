@@ -1,5 +1,5 @@
 """Really long documents: every model, truncated and whole, on this machine's long man pages (thousands of
-words each; text no model here was trained on), against tf-idf.
+words each; text no model here was trained on), against tf-idf and BM25, and fused with them.
 
 Documents: English man pages of 2,000 to 10,000 words (scripts/man_corpus.py, rendered at run time, never
 shipped), split in two by a hash of their names: `val` (for choosing modes and defaults) and `test`.
@@ -8,7 +8,8 @@ Two tasks, every document of the split a candidate, MRR x100 with ties counted a
   query; its page, with that passage taken out, is the one right answer;
 - halves: a page's first half (by words) is the query, its second half the answer.
 Per model: MRR per split and task, by the length of the whole page in MiniLM tokens (512-2k, 2k-8k, > 8k),
-the paired difference from tf-idf and sbert-chunks on the same queries, encode seconds.
+the paired difference from tf-idf, BM25 and sbert-chunks on the same queries, encode seconds. Fusion rows
+(`tfidf+sbert-chunks`, ...): z-scores per query, the weight chosen on val and applied to test.
 
     .venv/bin/python bench/bench_long.py [--docs 80] [--models sbert,sbert-chunks,...]
     .venv/bin/python bench/run.py --only long
@@ -33,18 +34,24 @@ ROOT = BENCH_DIR.parent
 OUT = BENCH_DIR / "results" / "long.json"
 WORK = ROOT / "runs" / "long"  # the rendered pages (runs/ is git-ignored: derived text is never committed)
 BUCKETS = ((0, 512), (512, 2048), (2048, 8192), (8192, 10**9))
-# (label, docembed.load name, options): each transformer family truncated (its default) and whole
+# (label, docembed.load name, options): each transformer family on its first window only and whole (the
+# default of sbert, nugget and the student since 2026-11-25; sbert is then what sbert-chunks is)
 MODELS = (
     ("tfidf", "tfidf", {}),
+    ("bm25", "bm25", {}),
     ("static", "static", {}),
-    ("sbert", "sbert", {}),
+    ("sbert --long truncate", "sbert", {"long_documents": "truncate"}),
     ("sbert-chunks", "sbert-chunks", {}),
     ("sbert-windows", "sbert-windows", {}),
+    ("nugget --long truncate", "nugget", {"long_documents": "truncate"}),
     ("nugget", "nugget", {}),
-    ("nugget --long windows", "nugget", {"long_documents": "windows"}),
+    ("student --long truncate", "student", {"long_documents": "truncate"}),
     ("student", "student", {}),
-    ("student --long windows", "student", {"long_documents": "windows"}),
 )
+
+
+LEXICAL = ("tfidf", "bm25")  # fitted on each split's candidates
+FUSED = ("sbert-chunks", "student")  # the whole-document models fused with each lexical rule (`fuse`)
 
 
 def pages(limit: int) -> list[dict]:
@@ -90,22 +97,65 @@ def run_model(label: str, name: str, options: dict, tasks: dict) -> dict:
     import docembed
 
     model = docembed.load(name, device="cpu", **options)
-    out = {"max_tokens": model.max_tokens, "seconds": 0.0, "tasks": {}}
+    out = {"max_tokens": model.max_tokens, "seconds": 0.0, "tasks": {}, "scores": {}}
     for task, by_split in tasks.items():
         for split, (queries, candidates) in by_split.items():
-            if name == "tfidf":
-                model = docembed.load("tfidf", device="cpu").fit(candidates)
+            if name in LEXICAL:  # fitted on the split's candidates
+                model = docembed.load(name, device="cpu").fit(candidates)
             started = time.perf_counter()
             with warnings.catch_warnings():  # truncation is what this bench measures: no warning per call
                 warnings.simplefilter("ignore")
-                scores = model.similarity(model.encode(queries), model.encode(candidates))
+                if name == "bm25":  # a scorer: texts in, one row of scores per query
+                    scores = model.similarity(queries, candidates)
+                else:
+                    scores = model.similarity(model.encode(queries), model.encode(candidates))
             out["seconds"] += time.perf_counter() - started
             out["tasks"].setdefault(task, {})[split] = reciprocal_ranks(scores).tolist()
+            out["scores"].setdefault(task, {})[split] = np.asarray(scores, dtype=np.float64)
         print(f"[long] {label}: {task} done ({out['seconds']:.0f} s so far)", file=sys.stderr, flush=True)
     return out
 
 
-def summarise(results: dict, lengths: dict, reference: tuple[str, ...] = ("tfidf", "sbert-chunks")) -> dict:
+def fuse(results: dict) -> dict:
+    """Fusion rows: each lexical rule with each whole-document model, z-scores per query combined as
+    (1 - w) lexical + w model (docembed's `LEXICAL+MODEL`), w chosen on the task's val split (MRR over
+    0, 0.05, ..., 1) and applied unchanged to its test split."""
+    from docembed.models.fusion import WEIGHT_GRID, normalize_rows
+
+    rows = {}
+    for lexical in LEXICAL:
+        for model in FUSED:
+            if lexical not in results or model not in results:
+                continue
+            row = {"max_tokens": None, "seconds": results[model]["seconds"], "tasks": {}, "weights": {}}
+            for task, by_split in results[model]["scores"].items():
+                z = {
+                    split: (
+                        normalize_rows(results[lexical]["scores"][task][split], "zscore"),
+                        normalize_rows(scores, "zscore"),
+                    )
+                    for split, scores in by_split.items()
+                }
+
+                lex, dense = z["val"]
+                best = max(  # ties: the weight nearest an even mix
+                    WEIGHT_GRID,
+                    key=lambda w, lex=lex, dense=dense: (
+                        float(reciprocal_ranks((1 - w) * lex + w * dense).mean()),
+                        -abs(w - 0.5),
+                    ),
+                )
+                row["weights"][task] = best
+                for split, (lex, dense) in z.items():
+                    fused = (1 - best) * lex + best * dense
+                    row["tasks"].setdefault(task, {})[split] = reciprocal_ranks(fused).tolist()
+            rows[f"{lexical}+{model}"] = row
+    return rows
+
+
+def summarise(
+    results: dict, lengths: dict, reference: tuple[str, ...] = ("tfidf", "bm25", "sbert-chunks")
+) -> dict:
     from docembed.evaluation.statistics import paired_difference
 
     table = {}
@@ -126,6 +176,8 @@ def summarise(results: dict, lengths: dict, reference: tuple[str, ...] = ("tfidf
                         row[f"vs_{other}"] = paired_difference(rr, results[other]["tasks"][task][split])
                 rows[f"{task}/{split}"] = row
         table[label] = {"max_tokens": result["max_tokens"], "seconds": round(result["seconds"], 1), **rows}
+        if "weights" in result:
+            table[label]["weight_chosen_on_val"] = result["weights"]
     return table
 
 
@@ -149,6 +201,7 @@ def main(
         counts = tokenizer([p["text"] for p in chosen_pages], add_special_tokens=False, verbose=False)
         lengths[split] = np.array([len(ids) for ids in counts["input_ids"]])
     results = {label: run_model(label, name, options, tasks) for label, name, options in chosen}
+    results.update(fuse(results))
     summary = {
         "data": f"{len(corpus)} English man pages of 2,000-10,000 words (this machine's /usr/share/man), "
         f"val {len(lengths['val'])} / test {len(lengths['test'])} by a hash of the page name",

@@ -4,6 +4,8 @@
 - encode: docembed's encode path (`encode_documents` with the `sbert` zoo model, what `docembed encode`
   runs) vs sentence-transformers' `SentenceTransformer.encode` called directly; same MiniLM weights, same
   texts (IMDB train reviews), same batch size 32;
+- workers: `docembed encode --workers N` (N processes, one thread each) vs one process with torch's
+  intra-op threads, docs/s after start-up (`bench_workers`);
 - MaxSim: `docembed.scoring.maxsim_pairs` (batched) vs a per-pair Python loop (numpy) vs
   `sentence_transformers.util.mean_maxsim_pairwise`, and the one-query-vs-many form
   (`maxsim_one_to_many` vs `util.mean_maxsim`), on token-vector sets of realistic sizes (random unit
@@ -32,6 +34,7 @@ import numpy as np
 SIZES = {
     False: {
         "encode_texts": 256,
+        "workers_texts": 500,
         "maxsim_pairs": 500,
         "maxsim_docs": 2000,
         "search_vectors": 100_000,
@@ -40,6 +43,7 @@ SIZES = {
     },
     True: {
         "encode_texts": 2048,
+        "workers_texts": 2000,
         "maxsim_pairs": 4000,
         "maxsim_docs": 10000,
         "search_vectors": 100_000,
@@ -155,6 +159,68 @@ def bench_static(n_texts: int, repeats: int) -> dict:
     }
 
 
+# `docembed encode --workers/--threads` settings compared by bench_workers: (row label, CLI options)
+WORKER_SETTINGS = (
+    ("1 process x 1 thread", ("--workers", "1")),
+    ("2 processes x 1 thread", ("--workers", "2")),
+    ("1 process x 2 threads (torch intra-op)", ("--threads", "2")),
+)
+
+
+def bench_workers(n_texts: int, model: str = "sbert") -> dict:
+    """`docembed encode --workers N` (N processes, one thread each) beside torch's own intra-op threads, on
+    IMDB train reviews, through the command itself. A run's wall time includes loading the model and
+    starting the workers, so each setting also encodes 8 reviews: docs/s after start-up is
+    (n - 8) / (wall(n) - wall(8)), the rate a long input sees."""
+    import subprocess
+    import tempfile
+
+    from docembed import datasets
+
+    texts = list(datasets.iter_texts("imdb/train", limit=n_texts))
+    command = [str(pathlib.Path(sys.executable).with_name("docembed")), "-q", "encode"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench-workers-") as scratch:
+        inputs = {}
+        for count in (8, len(texts)):
+            inputs[count] = pathlib.Path(scratch, f"imdb{count}.jsonl")
+            lines = (json.dumps({"id": str(i), "text": t}) for i, t in enumerate(texts[:count]))
+            inputs[count].write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+        def wall(count: int, options: tuple[str, ...]) -> float:
+            output = pathlib.Path(scratch, "out.npy")
+            started = time.perf_counter()
+            subprocess.run(
+                [*command, str(inputs[count]), "-m", model, "--long", "truncate", "-o", str(output)]
+                + ["--overwrite", *options],
+                check=True,
+                capture_output=True,
+            )
+            return time.perf_counter() - started
+
+        for label, options in WORKER_SETTINGS:
+            start_up, whole = wall(8, options), wall(len(texts), options)
+            rows.append(
+                {
+                    "setting": label,
+                    "options": " ".join(options),
+                    "wall_s": round(whole, 2),
+                    "start_up_wall_s": round(start_up, 2),
+                    "docs_per_s_end_to_end": round(len(texts) / whole, 1),
+                    "docs_per_s_after_start_up": round((len(texts) - 8) / max(whole - start_up, 1e-9), 1),
+                }
+            )
+    single = rows[0]["docs_per_s_after_start_up"]
+    for row in rows:
+        row["speed_up_after_start_up"] = round(row["docs_per_s_after_start_up"] / single, 2)
+    return {
+        "data": f"imdb/train, first {len(texts)} reviews, `docembed encode -m {model} --long truncate`, "
+        f"batch size 32; {os.cpu_count()} CPUs",
+        "load_average_after": os.getloadavg(),  # other work on the machine takes cores from the workers
+        "rows": rows,
+    }
+
+
 def _token_sets(n: int, rng: np.random.Generator, dim: int = 384):
     from docembed.types import MultiVectors, l2_normalize
 
@@ -262,6 +328,7 @@ def main(out_dir: pathlib.Path, full: bool = False) -> dict:
         "load_before": os.getloadavg(),
         "encode": bench_encode(sizes["encode_texts"], sizes["repeats"]),
         "static": bench_static(sizes["encode_texts"], sizes["repeats"]),
+        "workers": bench_workers(sizes["workers_texts"]),
         "maxsim": bench_maxsim(sizes["maxsim_pairs"], sizes["maxsim_docs"], sizes["repeats"]),
         "search": bench_search(sizes["search_vectors"], sizes["search_queries"], 10, sizes["repeats"]),
         "pv_inference": "see bench_pv (inference docs/s with 1 and 2 encode processes)",

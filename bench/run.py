@@ -41,8 +41,9 @@ RESULTS_DIR = BENCH_DIR / "results"
 QUICK_DIR = RESULTS_DIR / "quick"  # `--quick` runs check the pipeline: their results and page stay here
 CHANGELOG = RESULTS_DIR / "CHANGELOG.md"
 DOCS_PAGE = ROOT / "docs" / "results.md"
-# What `make bench` runs; the family benches (nugget, student, setenc, ...) run with --only.
-DEFAULT_MODULES = ("quality", "speed")
+# What `make bench` runs (the leaderboard, speed, long documents by length bucket, speed and memory by
+# length); the family benches (nugget, student, setenc, int8, fusion, ...) run with --only.
+DEFAULT_MODULES = ("quality", "speed", "long", "length")
 
 # Published reference numbers (../shared/data/README.md), shown beside ours on the results page.
 REFERENCES: dict[str, list[tuple[str, float]]] = {

@@ -101,7 +101,7 @@ def test_parquet_input_on_the_local_engine(capfd, corpus, tmp_path):
 
 
 def test_capability_not_supported_is_one_line(capfd, corpus, tmp_path):
-    for flag, value in (("--ratio", "0.5"), ("--workers", "2")):
+    for flag, value in (("--ratio", "0.5"), ("--long", "windows"), ("--precision", "int8")):
         result = invoke(capfd, "encode", corpus, "-m", "glove-avg", flag, value, "-o", tmp_path / "x.npy")
         assert result.code == 1 and "does not support" in result.err and "Traceback" not in result.err
         assert not (tmp_path / "x.npy").exists()

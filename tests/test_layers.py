@@ -12,7 +12,7 @@ LAYERS = [
     {"text", "losses", "scoring"},
     {"io", "datasets"},
     {"models", "zoo", "faiss_index"},
-    {"training", "encoding"},
+    {"training", "encoding", "parallel"},
     {"evaluation", "engines", "zoo.export", "similarity", "api"},
     {"cli", "__main__", "__init__", "integrations"},
 ]

@@ -69,7 +69,9 @@ def test_nugget_windows_keep_about_r_of_all_tokens(minilm_tokenizer):
     from tiny_models import tiny_nugget
 
     encoder = tiny_nugget(minilm_tokenizer, ratio=0.25, max_length=64)
+    assert encoder.config.long_documents == "windows"  # the default: the whole document
     short = ["a short document of a few words"]
+    encoder.set_long_documents("truncate")
     truncated = encoder.encode(short + [LONG])
     encoder.set_long_documents("windows")
     whole = encoder.encode(short + [LONG])
@@ -98,6 +100,8 @@ def test_student_windows_average_every_token_of_a_long_text(tiny_bert_dir):
     student = convert_long(str(tiny_bert_dir), max_length=40, attention_window=8)
     student.config.normalize = False
     short = ["a short text"]
+    assert student.config.long_documents == "windows"  # the default: the whole document
+    student.set_long_documents("truncate")
     truncated = student.encode(short + [LONG])
     student.set_long_documents("windows")
     whole = student.encode(short + [LONG])

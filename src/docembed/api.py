@@ -73,6 +73,8 @@ class Model:
         self.prompts = dict(prompts or {})
 
     def __repr__(self) -> str:
+        if getattr(self.encoder, "scorer_only", False):  # bm25, a fusion: scores, no embeddings
+            return f"docembed.Model({self.name!r}, family={self.family!r}, scorer)"
         kind = "multi-vector" if self.is_multi_vector else "dense"
         return f"docembed.Model({self.name!r}, family={self.family!r}, {kind}, dim={self.dim})"
 
@@ -174,7 +176,11 @@ class Model:
     def similarity(self, a, b) -> np.ndarray:
         """Scores of every `a` against every `b`, shape (len(a), len(b)): cosine for dense embeddings,
         mean-MaxSim (asymmetric: `a` are the queries) for multi-vector ones, as `docembed similarity` scores.
-        `a` and `b` are `encode` outputs (numpy) or texts, which are encoded first."""
+        `a` and `b` are `encode` outputs (numpy) or texts, which are encoded first. A scorer (bm25, a fusion
+        such as `bm25+sbert`) takes texts: each row is a query's scores over `b` (a fusion normalises them
+        per query)."""
+        if getattr(self.encoder, "scorer_only", False):
+            return self._scorer_similarity(a, b)
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
@@ -184,6 +190,15 @@ class Model:
         for row, query in enumerate(left):
             scores[row] = maxsim_one_to_many(query, right)
         return scores
+
+    def _scorer_similarity(self, a, b) -> np.ndarray:
+        queries, candidates = ([a] if isinstance(a, str) else a), ([b] if isinstance(b, str) else b)
+        if not all(isinstance(t, str) for t in [*queries, *candidates]):
+            raise UsageError(f"{self.name} scores texts (it has no embeddings): give texts to similarity")
+        if hasattr(self.encoder, "score_matrix") and hasattr(self.encoder, "lexical"):
+            embed = lambda model, texts: encode_texts(model, texts, label=f"encode [{model.name}]")  # noqa: E731
+            return self.encoder.score_matrix(list(queries), list(candidates), embed=embed).astype(np.float32)
+        return np.stack([self.encoder.score(q, list(candidates)) for q in queries]).astype(np.float32)
 
     def _as_vectors(self, value) -> Vectors:
         if isinstance(value, str):

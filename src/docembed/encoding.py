@@ -3,9 +3,11 @@ teacher vectors all use it) and the one embedding cache, keyed by one notion of 
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -274,3 +276,137 @@ class EmbeddingCache:
         if isinstance(stored.data, MultiVectors):
             return stored.data.select(rows)
         return np.asarray(stored.data[rows], dtype=np.float32)
+
+
+# --- encode --reuse: re-encode only what changed -----------------------------------------------------------
+#: metadata an `encode` output carries so that a later `encode --reuse` can tell unchanged documents: the
+#: identity of the model (model_identity) and one 8-byte BLAKE2b digest of each document's text, in row order
+TEXT_HASHES = "text_hashes"
+MODEL_IDENTITY = "model_identity"
+DIGEST_BYTES = 8
+
+
+def text_digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=DIGEST_BYTES).digest()
+
+
+class HashedDocuments:
+    """`documents` passed through unchanged, each text's digest kept in order (what `encode` records in its
+    output's metadata, see `reuse_metadata`)."""
+
+    def __init__(self, documents: Iterable[Document]):
+        self.documents = documents
+        self.digests = bytearray()
+
+    def __iter__(self):
+        self.digests = bytearray()
+        for document in self.documents:
+            self.digests += text_digest(document.text)
+            yield document
+
+
+def reuse_metadata(model, digests: bytes) -> dict:
+    """The metadata keys `encode --reuse` reads back: the model's identity and the texts' digests."""
+    encoded = base64.b64encode(bytes(digests)).decode("ascii")
+    return {MODEL_IDENTITY: model_identity(model), TEXT_HASHES: {"blake2b-64": encoded}}
+
+
+def _stored_digests(old: EmbeddingSet, name: str) -> list[bytes]:
+    hashes = old.metadata.get(TEXT_HASHES)
+    raw = None
+    if isinstance(hashes, dict) and isinstance(hashes.get("blake2b-64"), str):
+        try:
+            raw = base64.b64decode(hashes["blake2b-64"], validate=True)
+        except ValueError:
+            raw = None
+    if raw is None or len(raw) != DIGEST_BYTES * len(old):
+        raise DocembedError(
+            f"{name} holds no text hashes for its {len(old)} rows (written by `docembed encode` before "
+            "--reuse existed, merged, or by another tool): encode without --reuse once"
+        )
+    return [raw[i : i + DIGEST_BYTES] for i in range(0, len(raw), DIGEST_BYTES)]
+
+
+def encode_documents_reusing(
+    model,
+    documents: Iterable[Document],
+    old: EmbeddingSet,
+    old_name: str,
+    batch_size: int = 32,
+    chunk_size: int = CHUNK_SIZE,
+    total: int | None = None,
+    coverage: Coverage | None = None,
+) -> tuple[EmbeddingSet, int]:
+    """`encode_documents`, taking from `old` (an earlier `encode` output of the same model) the embedding
+    of every document whose id and text are unchanged; only new or changed texts are encoded. Returns the
+    set (the same rows and metadata a full encode gives) and how many documents were encoded. Refused
+    when `old` came from another model identity (other weights, settings or fitted state)."""
+    identity = model_identity(model)
+    if old.metadata.get(MODEL_IDENTITY) != identity:
+        raise DocembedError(
+            f"--reuse {old_name}: it was encoded by another model or other settings "
+            f"({old.metadata.get('model')!r}, identity {old.metadata.get(MODEL_IDENTITY)}; now "
+            f"{getattr(model, 'name', '?')!r}, identity {identity}): encode without --reuse"
+        )
+    digests = _stored_digests(old, old_name)
+    seen = Counter(old.ids)
+    row_of = {doc_id: row for row, doc_id in enumerate(old.ids) if seen[doc_id] == 1}
+    ids: list[str] = []
+    new_digests = bytearray()
+    parts = []
+    encoded = 0
+    cap = text_cap(model)
+    with progress_bar(f"encode --reuse [{model.name}]", total=total) as bar:
+        for chunk in batched(documents, chunk_size):
+            raise_if_interrupted()
+            texts = [document.text for document in chunk]
+            if coverage is not None:
+                coverage.add(model.token_counts(texts) or [])
+            reused, fresh = [], []
+            for position, document in enumerate(chunk):
+                digest = text_digest(document.text)
+                ids.append(document.id)
+                new_digests += digest
+                row = row_of.get(document.id)
+                if row is not None and digests[row] == digest:
+                    reused.append((position, row))
+                else:
+                    fresh.append(position)
+            new = None
+            if fresh:
+                wanted = [texts[p][:cap] if cap else texts[p] for p in fresh]
+                new = model.encode(wanted, batch_size=batch_size)
+                encoded += len(fresh)
+            parts.append(_merge_rows(len(chunk), old.data, reused, fresh, new))
+            bar.advance(len(chunk))
+    if not ids:
+        raise DocembedError("no documents to encode: the input is empty")
+    metadata = model.metadata()
+    if coverage is not None:
+        metadata["coverage"] = coverage.to_metadata()
+    metadata.update(reuse_metadata(model, new_digests))
+    return EmbeddingSet(_assemble(parts), ids, metadata), encoded
+
+
+def _merge_rows(size: int, old: Vectors, reused: list, fresh: list[int], new: Vectors | None) -> Vectors:
+    """One chunk's embeddings in input order: rows `reused` [(position, old row)] from `old`, the rest
+    (`fresh` positions) from `new`."""
+    if isinstance(old, MultiVectors):
+        items: list = [None] * size
+        positions: list = [None] * size
+        sources = [(old, row, p) for p, row in reused]
+        if new is not None:
+            sources += [(new, i, p) for i, p in enumerate(fresh)]
+        for source, row, p in sources:
+            items[p] = source[row]
+            if source.positions is not None:
+                positions[p] = source.positions[source.offsets[row] : source.offsets[row + 1]]
+        has_positions = all(p is not None for p in positions)
+        return MultiVectors.from_list(items, positions if has_positions else None)
+    out = np.empty((size, old.shape[1]), dtype=old.dtype)
+    if reused:
+        where, rows = zip(*reused, strict=True)
+        out[list(where)] = old[list(rows)]
+    if new is not None:
+        out[fresh] = new
+    return out

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +34,9 @@ def is_index_dir(directory: Path) -> bool:
         metadata = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return (directory / "index.faiss").is_file() and isinstance(metadata, dict) and "index_kind" in metadata
+    if not isinstance(metadata, dict) or "index_kind" not in metadata:
+        return False
+    return (directory / ("index.faiss" if metadata["index_kind"] != "bm25" else "bm25_weights.npz")).is_file()
 
 
 #: what `index build -o DIR` may replace (io/outputs.py's rule for directory outputs)
@@ -64,6 +68,23 @@ def _build_faiss(vectors: np.ndarray, kind: str):
     return index
 
 
+def _without_rows(index, keep: np.ndarray, vectors: np.ndarray | None = None):
+    """`index` without the rows where `keep` is False (rows stay in order). `vectors`: the kept vectors when
+    the caller has them (multi-vector indexes keep theirs), else they are read back from the index."""
+    faiss = _faiss()
+    if isinstance(index, faiss.IndexFlat):
+        index.remove_ids(faiss.IDSelectorBatch(np.flatnonzero(~keep).astype(np.int64)))
+        return index
+    if vectors is None:
+        if hasattr(index, "make_direct_map"):
+            index.make_direct_map()
+        vectors = index.reconstruct_n(0, index.ntotal)[keep]
+    fresh = faiss.clone_index(index)  # IVF: the trained centroids stay; HNSW: its settings
+    fresh.reset()
+    fresh.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return fresh
+
+
 class VectorIndex:
     def __init__(self, index, ids: list[str], metadata: dict, multi: MultiVectors | None = None):
         self.index, self.ids, self.metadata, self.multi = index, ids, metadata, multi
@@ -76,6 +97,7 @@ class VectorIndex:
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
         metadata = dict(embeddings.metadata, index_kind=kind, count=len(embeddings))
+        metadata.pop("text_hashes", None)  # the rows' text digests (encode --reuse): not the index's
         _refuse_non_finite(embeddings)
         if embeddings.is_multi:
             multi = embeddings.data
@@ -119,6 +141,96 @@ class VectorIndex:
             order = np.argsort(-scores, kind="stable")[:k]
             results.append([(self.ids[candidates[j]], float(scores[j])) for j in order])
         return results
+
+    # --- collections: add, remove, more like this ---------------------------------------------------------
+    def add(self, embeddings: EmbeddingSet) -> None:
+        """Append `embeddings` (same model, same width, ids new to the index): faiss adds the new vectors
+        only (an IVF index keeps its trained centroids, an HNSW graph links the new nodes in), so the cost
+        is the new vectors', not a rebuild."""
+        if len(embeddings) == 0:
+            return
+        self._check_same_model(embeddings)
+        _refuse_non_finite(embeddings)
+        have = set(self.ids)
+        if len(have) != len(self.ids):
+            raise DocembedError("the index holds duplicate ids (--allow-duplicate-ids): rebuild it instead")
+        present = next((i for i in embeddings.ids if i in have), None)
+        if present is not None:
+            raise DocembedError(
+                f"id {present!r} is already in the index: ids stay unique (to replace a document, "
+                "`docembed index remove` it first)"
+            )
+        if len(set(embeddings.ids)) != len(embeddings.ids):
+            repeated = next(i for i, n in Counter(embeddings.ids).items() if n > 1)
+            raise DocembedError(f"id {repeated!r} is repeated in the new embeddings: ids stay unique")
+        if embeddings.is_multi != (self.multi is not None):
+            kind = "multi-vector" if self.multi is not None else "dense"
+            raise DocembedError(f"the index holds {kind} embeddings; the new ones are not")
+        if embeddings.dim != self.index.d:
+            raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {self.index.d}-d")
+        if self.multi is not None:
+            new = embeddings.data
+            vectors = l2_normalize(new.vectors).astype(np.float32)
+            self.index.add(vectors)
+            self.multi = MultiVectors.concat([self.multi, MultiVectors(vectors, new.offsets)])
+            self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
+        else:
+            self.index.add(l2_normalize(np.asarray(embeddings.data, dtype=np.float32)))
+        self.ids.extend(embeddings.ids)
+        self.metadata["count"] = len(self.ids)
+
+    def remove(self, ids: Iterable[str]) -> int:
+        """Drop the documents with these ids (unknown ids are ignored); returns how many went. A flat index
+        removes in place; IVF keeps its trained centroids and re-adds the rest; HNSW, whose graph cannot
+        lose nodes, is rebuilt from its stored vectors."""
+        gone = set(ids)
+        keep = np.array([i not in gone for i in self.ids], dtype=bool)
+        removed = int((~keep).sum())
+        if removed == 0:
+            return 0
+        if keep.sum() == 0:
+            raise DocembedError("removing every document would leave an empty index")
+        if self.multi is not None:
+            rows = np.repeat(keep, self.multi.counts)
+            kept = self.multi.select(np.flatnonzero(keep))
+            self.multi = MultiVectors(kept.vectors, kept.offsets)
+            self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
+            vectors = kept.vectors
+        else:
+            rows = keep
+            vectors = None
+        self.index = _without_rows(self.index, rows, vectors)
+        self.ids = [i for i, k in zip(self.ids, keep, strict=True) if k]
+        self.metadata["count"] = len(self.ids)
+        return removed
+
+    def stored(self, doc_id: str) -> Vectors:
+        """The stored (normalised) embedding of document `doc_id`, shaped as a query batch of one."""
+        try:
+            row = self.ids.index(doc_id)
+        except ValueError:
+            raise DocembedError(f"id {doc_id!r} is not in the index") from None
+        if self.multi is not None:
+            return self.multi.select([row])
+        if hasattr(self.index, "make_direct_map"):
+            self.index.make_direct_map()
+        return self.index.reconstruct(row).reshape(1, -1)
+
+    def more_like(self, doc_ids: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
+        """Top-k documents nearest each stored document `doc_ids[i]`, the document itself left out."""
+        results = []
+        for doc_id in doc_ids:
+            hits = self.search(self.stored(doc_id), k + 1)[0]
+            results.append([hit for hit in hits if hit[0] != doc_id][:k])
+        return results
+
+    def _check_same_model(self, embeddings: EmbeddingSet) -> None:
+        for key in ("model", "config_hash"):
+            mine, theirs = self.metadata.get(key), embeddings.metadata.get(key)
+            if mine is not None and theirs is not None and mine != theirs:
+                raise DocembedError(
+                    f"the new embeddings come from another model ({key}: {theirs!r}, the index: {mine!r})"
+                )
 
     def save(self, directory: str | Path) -> None:
         faiss = _faiss()
@@ -274,3 +386,114 @@ def _refuse_non_finite(embeddings: EmbeddingSet) -> None:
             f"{int(bad_rows.sum())} embedding vector(s) hold NaN or infinite values (first: id "
             f"{embeddings.ids[document]!r}): an index over them would answer every search with nothing"
         )
+
+
+# --- BM25 as a first stage: a sparse index, not faiss ------------------------------------------------------
+BM25_KIND = "bm25"
+BM25_WEIGHTS = "bm25_weights.npz"
+BM25_TERMS = "bm25_terms.json"
+
+
+def is_bm25_dir(directory: str | Path) -> bool:
+    """Whether `directory` holds a BM25 index docembed wrote (`index build CORPUS --type bm25`)."""
+    directory = Path(directory)
+    try:
+        metadata = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(metadata, dict) and metadata.get("index_kind") == BM25_KIND
+
+
+class BM25Index:
+    """Okapi BM25 over a corpus, for `search`: the scores of models/baselines.BM25Scorer (its tokenizer,
+    k1, b and idf, fitted on the same corpus) precomputed as a sparse documents x terms matrix of each
+    term's weight in each document, so a query costs one sparse column sum, not a pass over the texts."""
+
+    def __init__(self, weights, terms: list[str], ids: list[str], metadata: dict):
+        self.weights, self.terms, self.ids, self.metadata = weights, terms, ids, metadata
+        self._column = {term: j for j, term in enumerate(terms)}
+
+    @classmethod
+    def build(
+        cls, documents: Iterable, k1: float = 1.2, b: float = 0.75, lowercase: bool = True
+    ) -> BM25Index:
+        """From (id, text) documents (anything with .id and .text), streamed once."""
+        from scipy import sparse
+
+        from docembed.models.baselines import tokenize
+
+        column: dict[str, int] = {}
+        ids, rows, cols, counts, lengths = [], [], [], [], []
+        for document in documents:
+            tokens = tokenize(document.text, lowercase)
+            tf = Counter(tokens)
+            rows.extend([len(ids)] * len(tf))
+            cols.extend(column.setdefault(term, len(column)) for term in tf)
+            counts.extend(tf.values())
+            lengths.append(len(tokens))
+            ids.append(document.id)
+        if not ids:
+            raise DocembedError("cannot build an index over zero documents")
+        rows_a, cols_a = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
+        tf_a, lengths_a = np.asarray(counts, dtype=np.float64), np.asarray(lengths, dtype=np.float64)
+        n = len(ids)
+        df = np.bincount(cols_a, minlength=len(column)).astype(np.float64)
+        idf = np.log1p((n - df + 0.5) / (df + 0.5))
+        norm = k1 * (1.0 - b + b * lengths_a / max(lengths_a.mean(), 1e-9))
+        values = idf[cols_a] * tf_a * (k1 + 1.0) / (tf_a + norm[rows_a])
+        weights = sparse.csc_matrix((values, (rows_a, cols_a)), shape=(n, len(column)))
+        metadata = {
+            "index_kind": BM25_KIND,
+            "model": BM25_KIND,
+            "config": {"k1": k1, "b": b, "lowercase": lowercase},
+            "count": n,
+            "terms": len(column),
+        }
+        return cls(weights, list(column), ids, metadata)
+
+    def search_texts(self, queries: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
+        """Top-k (id, score) per query text, best first (ties: input order); documents sharing no term
+        with the query are left out."""
+        from docembed.models.baselines import tokenize
+
+        lowercase = self.metadata.get("config", {}).get("lowercase", True)
+        results = []
+        for query in queries:
+            columns = sorted({self._column[t] for t in tokenize(query, lowercase) if t in self._column})
+            if not columns:
+                results.append([])
+                continue
+            scores = np.asarray(self.weights[:, columns].sum(axis=1)).ravel()
+            matched = np.flatnonzero(scores > 0)
+            order = matched[np.lexsort((matched, -scores[matched]))][:k]
+            results.append([(self.ids[r], float(np.float32(scores[r]))) for r in order])
+        return results
+
+    def save(self, directory: str | Path) -> None:
+        from scipy import sparse
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        sparse.save_npz(directory / BM25_WEIGHTS, self.weights, compressed=False)
+        (directory / BM25_TERMS).write_text(json.dumps(self.terms) + "\n", encoding="ascii")
+        write_ids(directory, self.ids)
+        (directory / "meta.json").write_text(json.dumps(self.metadata, indent=2) + "\n", encoding="utf-8")
+
+    @classmethod
+    def load(cls, directory: str | Path) -> BM25Index:
+        from scipy import sparse
+
+        directory = Path(directory)
+        metadata = _read_index_meta(directory / "meta.json")
+        try:
+            weights = sparse.load_npz(directory / BM25_WEIGHTS).tocsc()
+            terms = json.loads((directory / BM25_TERMS).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as error:
+            raise DocembedError(f"{directory} is a damaged bm25 index: {error}") from None
+        ids = read_ids(directory)
+        if weights.shape != (len(ids), len(terms)):
+            raise DocembedError(
+                f"{directory} is a damaged bm25 index ({weights.shape} weights for {len(ids)} ids, "
+                f"{len(terms)} terms): rebuild it with `docembed index build CORPUS --type bm25`"
+            )
+        return cls(weights, terms, ids, metadata)

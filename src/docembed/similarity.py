@@ -19,8 +19,40 @@ from docembed.types import MultiVectors, Vectors
 
 
 def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str], batch_size: int = 32):
-    """Score left[i] against right[i]: cosine, or mean-MaxSim with left[i] as the query."""
+    """Score left[i] against right[i]: cosine, or mean-MaxSim with left[i] as the query; a scorer's own
+    score (a fusion: each part normalised with its saved statistics)."""
+    if hasattr(model, "pair_scores"):
+        return model.pair_scores(left, right, embed=lambda m, texts: _encode(m, texts, batch_size))
+    if getattr(model, "scorer_only", False):
+        return np.array([model.score(a, [b])[0] for a, b in zip(left, right, strict=True)], dtype=np.float32)
     return score_pairs(_encode(model, left, batch_size), _encode(model, right, batch_size))
+
+
+def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: str, docs=None):
+    """A scorer that needs fitting (`bm25`, `bm25+sbert`) fitted on the rerank task's candidate documents
+    (every --docs document, else the rows' candidate texts), saying so on stderr. Returns the rows (read
+    once, kept) for rerank_rows; a model that needs no fitting gets them back untouched."""
+    from docembed.runtime import log
+
+    if not getattr(model, "requires_fit", False):
+        return rows
+    rows = list(rows)
+    if docs is not None:
+        texts = list(docs.values())
+    else:
+        candidates = (c for _, row in rows for c in row.get("candidates") or [] if isinstance(c, str))
+        texts = list(dict.fromkeys(candidates))
+    model.fit(texts)
+    what = f"{len(texts)} candidate documents of {source}"
+    if hasattr(model, "lexical"):
+        log(
+            f"{model.name}: {model.lexical.name} fitted on the {what}; fusion weight {model.config.weight} "
+            f"({model.config.normalization}), the default, not chosen on validation data (`docembed fit "
+            "fusion` fits and chooses one)"
+        )
+    else:
+        log(f"{model.name} fitted on the {what}")
+    return rows
 
 
 def _encode(model: Encoder, texts: Sequence[str], batch_size: int) -> Vectors:
@@ -56,9 +88,14 @@ def rerank_rows(
             q = unique.add(prefix + query_key, text_of(query_key))
             c = [unique.add(prefix + k, text_of(k)) for k in candidate_keys]
             plans.append((query_key, candidate_keys, by_id, q, c))
-        vectors = _encode(model, unique.texts, batch_size)
+        scorer = getattr(model, "scorer_only", False)
+        vectors = None if scorer else _encode(model, unique.texts, batch_size)
+        score = _scorer(model, unique.texts, batch_size) if scorer else None
         for query_key, candidate_keys, by_id, q, c in plans:
-            scores = score_one_to_many(_take(vectors, q), _gather(vectors, c))
+            if score is not None:  # bm25, a fusion: scores over the query's own candidates
+                scores = score(unique.texts[q], [unique.texts[i] for i in c])
+            else:
+                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c))
             key = "id" if by_id else "text"
             yield {
                 ("source" if by_id else "query"): query_key,
@@ -66,6 +103,20 @@ def rerank_rows(
                     {key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in rank(scores)
                 ],
             }
+
+
+def _scorer(model, texts: list[str], batch_size: int):
+    """score(query, candidates) of a scorer over one chunk: a fusion's model part encodes the chunk's
+    texts once."""
+    if not hasattr(model, "lexical"):
+        return model.score
+    vectors = _encode(model.model, texts, batch_size)
+    slot = {text: i for i, text in enumerate(texts)}
+
+    def embed(_, some: list[str]):
+        return _gather(vectors, [slot[t] for t in some])
+
+    return lambda query, candidates: model.score_matrix([query], candidates, embed=embed)[0]
 
 
 class _UniqueTexts:
@@ -105,3 +156,19 @@ def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: i
             raise InputFormatError(source, line_number, "candidates of a 'query' row must be texts")
         return row["query"], candidates, False
     raise InputFormatError(source, line_number, "expected a 'source' id or a 'query' text")
+
+
+def validation_queries(
+    rows: Iterable[tuple[int, dict]], source: str, docs: dict[str, str] | None = None
+) -> list[tuple[str, list[str], int]]:
+    """Rerank rows with a right answer, as (query text, candidate texts, index of the right candidate):
+    what choosing a fusion weight reads. A row is a rerank row plus "answer" (an index into candidates)."""
+    out = []
+    for line_number, row in rows:
+        query_key, candidate_keys, by_id = _resolve(row, docs, source, line_number)
+        answer = row.get("answer")
+        if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(candidate_keys):
+            raise InputFormatError(source, line_number, "'answer' must be the index of the right candidate")
+        text_of = docs.__getitem__ if by_id else str
+        out.append((text_of(query_key), [text_of(k) for k in candidate_keys], answer))
+    return out

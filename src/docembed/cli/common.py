@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import typer
 
 MODEL = typer.Option("sbert", "--model", "-m", help="Zoo name, saved model directory, or hub id.")
@@ -38,3 +40,37 @@ def load(model: str):
     from docembed.runtime import resolve_device
 
     return load_model(model, device=resolve_device())
+
+
+OUTPUT_JSONL = typer.Option(
+    "-",
+    "--output",
+    "-o",
+    help="Output file (default: stdout), written all or nothing; replaced with --overwrite or when stale.",
+)
+
+
+def check_text_output(output: str, overwrite: bool, inputs) -> None:
+    """Before any work: the one output rule (io/outputs.py) for a text output of a command."""
+    from docembed.io.embeddings import check_output_path
+
+    check_output_path(output, overwrite, [str(p) for p in inputs if p])
+
+
+@contextmanager
+def text_output(output: str, overwrite: bool, inputs):
+    """A text handle for `-o OUTPUT`: stdout for '-', else a temporary sibling renamed into place only when
+    the block finishes (a failed run leaves the previous output, or none: never a 0-byte target that make
+    would take for up to date), under the output rule (replaced with --overwrite or when stale)."""
+    import sys
+    from pathlib import Path
+
+    from docembed.io.outputs import atomic_path
+
+    if output == "-":
+        yield sys.stdout
+        sys.stdout.flush()
+        return
+    inputs = [str(p) for p in inputs if p]
+    with atomic_path(Path(output), overwrite, inputs) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        yield handle

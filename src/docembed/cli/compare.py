@@ -23,13 +23,14 @@ def similarity(
     ),
     model: str = common.MODEL,
     batch_size: int = common.BATCH_SIZE,
+    output: str = common.OUTPUT_JSONL,
+    overwrite: bool = common.OVERWRITE,
 ) -> None:
     """Similarity of text pairs: cosine (dense models) or mean-MaxSim, first text as query (multi-vector).
 
     Example: docembed similarity "first text" "second text" -m sbert
     """
     import json
-    import sys
 
     from docembed.errors import InputFormatError, UsageError
     from docembed.io.readers import batched, iter_jsonl_lines
@@ -40,22 +41,25 @@ def similarity(
     if pairs is None:
         if len(texts) != 2:
             raise UsageError(f"similarity compares two texts, got {len(texts)}")
+        common.check_text_output(output, overwrite, [])
         score = similarity_scores(common.load(model), [texts[0]], [texts[1]], batch_size)[0]
-        typer.echo(f"{score:.6f}")
+        with common.text_output(output, overwrite, []) as handle:
+            handle.write(f"{score:.6f}\n")
         return
+    common.check_text_output(output, overwrite, [pairs])
     encoder = common.load(model)
     rows = iter_jsonl_lines(pairs)
-    for chunk in batched(rows, 1024):
-        for line_number, row in chunk:
-            for field in (left_field, right_field):
-                if not isinstance(row.get(field), str):
-                    raise InputFormatError(pairs, line_number, f"field {field!r} missing or not a string")
-        left = [row[left_field] for _, row in chunk]
-        right = [row[right_field] for _, row in chunk]
-        scores = similarity_scores(encoder, left, right, batch_size)
-        for (_, row), score in zip(chunk, scores, strict=True):
-            sys.stdout.write(json.dumps({**row, "score": round(float(score), 6)}, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+    with common.text_output(output, overwrite, [pairs]) as handle:
+        for chunk in batched(rows, 1024):
+            for line_number, row in chunk:
+                for field in (left_field, right_field):
+                    if not isinstance(row.get(field), str):
+                        raise InputFormatError(pairs, line_number, f"field {field!r} missing or not a string")
+            left = [row[left_field] for _, row in chunk]
+            right = [row[right_field] for _, row in chunk]
+            scores = similarity_scores(encoder, left, right, batch_size)
+            for (_, row), score in zip(chunk, scores, strict=True):
+                handle.write(json.dumps({**row, "score": round(float(score), 6)}, ensure_ascii=False) + "\n")
 
 
 def rerank(
@@ -72,6 +76,10 @@ def rerank(
     id_field: str = common.ID_FIELD,
     text_field: str = common.TEXT_FIELD,
     overwrite: bool = common.OVERWRITE,
+    output_format: str = typer.Option(
+        "jsonl", "--output-format", help="jsonl | trec (TREC run lines: source Q0 id rank score tag)."
+    ),
+    run_tag: str = typer.Option("docembed", "--run-tag", help="The tag column of TREC run lines."),
 ) -> None:
     """Rerank candidates per row, best first, with their scores (cosine or mean-MaxSim).
 
@@ -81,12 +89,15 @@ def rerank(
     import sys
     from pathlib import Path
 
+    from docembed.errors import UsageError
     from docembed.io.embeddings import check_output_path
     from docembed.io.outputs import atomic_path
     from docembed.io.readers import iter_jsonl_lines
+    from docembed.io.runs import check_output_format, trec_lines
     from docembed.runtime import log
-    from docembed.similarity import rerank_rows
+    from docembed.similarity import fit_on_candidates, rerank_rows
 
+    check_output_format(output_format)
     inputs = [tasks, docs] if docs else [tasks]
     check_output_path(output, overwrite, inputs)
     doc_texts = None
@@ -94,13 +105,20 @@ def rerank(
         reader = common.reader(docs, None, id_field, text_field, False)
         doc_texts = {doc.id: doc.text for doc in reader}
     encoder = common.load(model)
-    ranked = rerank_rows(encoder, iter_jsonl_lines(tasks), tasks, doc_texts, batch_size)
+    rows = fit_on_candidates(encoder, iter_jsonl_lines(tasks), tasks, doc_texts)  # bm25(+MODEL) unfitted
+    ranked = rerank_rows(encoder, rows, tasks, doc_texts, batch_size)
 
     def write(handle) -> int:
         n = 0
         for row in ranked:
             if top_k:
                 row["ranking"] = row["ranking"][:top_k]
+            if output_format == "trec":
+                if "source" not in row:
+                    raise UsageError("--output-format trec needs id rows {source, candidates: [ids]}")
+                handle.write(trec_lines(row["source"], row["ranking"], run_tag))
+                n += 1
+                continue
             handle.write(json.dumps(row, ensure_ascii=False) + "\n")
             n += 1
         return n

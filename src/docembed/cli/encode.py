@@ -43,18 +43,27 @@ def encode(
     backend: str = typer.Option(
         None,
         "--backend",
-        help="sbert: engine on the CPU, auto | torch | openvino | onnx (default: the model's, auto).",
+        help="sbert, nugget: engine on the CPU, auto | torch | openvino | onnx (default: the model's, auto).",
     ),
     precision: str = typer.Option(
         None,
         "--precision",
-        help="sbert: the arithmetic the model runs in, fp32 | int8 (int8: 2.4-5x docs/s with OpenVINO, "
-        "STS-B within 0.1; needs the openvino or onnx extra; converted once, cached under "
+        help="sbert, nugget: the arithmetic the model runs in, fp32 | int8 (int8: 2.4-5x docs/s with "
+        "OpenVINO, STS-B within 0.1; nugget: its encoder, selection unchanged; needs the openvino or onnx "
+        "extra; converted once, cached under "
         "$DOCEMBED_HOME/inference). The embeddings stay float32: for int8/binary embeddings see "
         "docembed.quantize_embeddings.",
     ),
     workers: int = typer.Option(
-        None, "--workers", min=1, help="PV: inference processes (default: the model's)."
+        None,
+        "--workers",
+        min=1,
+        help="Encode in N local processes, each loading the model once and running --threads threads "
+        "(1 each by default): one output in input order, the same bytes for every N. pv: its own "
+        "inference processes (default: the model's).",
+    ),
+    threads: int = typer.Option(
+        None, "--threads", min=1, help="Torch threads per process (default: 1 with --workers, else torch's)."
     ),
     engine: str = typer.Option(
         "local", "--engine", help="local (this process) | ray (Ray Data actors; -o is a directory of shards)."
@@ -74,6 +83,13 @@ def encode(
     ),
     fit: bool = typer.Option(
         False, "--fit", help="pv/setenc/tfidf/bm25: fit on INPUT first, keep the model in OUTPUT.model/."
+    ),
+    reuse: str = typer.Option(
+        None,
+        "--reuse",
+        help="An earlier output of the same model (-o OUTPUT itself is fine): only documents whose id is new "
+        "or whose text changed (a hash kept in its metadata) are encoded; the rest are copied. The output is "
+        "the one a full encode writes. Refused for another model or other settings.",
     ),
 ) -> None:
     """Embed every document of INPUT (one output row per input row, empty texts included).
@@ -96,12 +112,17 @@ def encode(
     if engine == "ray":
         if shard:
             raise UsageError("--shard is for the local engine; --engine ray shards by --rows-per-shard")
-        if workers is not None:
-            raise UsageError("--workers is for the local engine; with --engine ray use --num-workers")
+        if workers is not None or threads is not None:
+            raise UsageError(
+                "--workers/--threads are for the local engine; with --engine ray use --num-workers and "
+                "--cpus-per-worker"
+            )
         if backend or precision:
             raise UsageError("--backend/--precision are for the local engine (or set in a saved model)")
         if output_format not in (None, "parquet"):
             raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
+        if reuse:
+            raise UsageError("--reuse is for the local engine (a re-run of --engine ray skips done shards)")
         from docembed.engines.ray_engine import RayOptions, encode_with_ray
 
         encode_with_ray(
@@ -125,14 +146,18 @@ def encode(
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} needs --engine ray")
 
-    from docembed.encoding import coverage_of, encode_documents
+    from docembed.encoding import HashedDocuments, coverage_of, encode_documents, reuse_metadata
     from docembed.io.embeddings import check_output_path, save_embeddings
     from docembed.runtime import log
 
     check_output_path(output, overwrite, inputs=[input])
+    if reuse and (fit or workers is not None):
+        raise UsageError("--reuse goes without --fit (a refitted model is another model) and --workers")
     if fit:  # the corpus-fitted families in one step, with their commands' default settings
         model = _fit_beside(model, input, output, format, id_field, text_field, skip_invalid, overwrite)
     documents = common.reader(input, format, id_field, text_field, skip_invalid, shard)
+    if workers is not None or threads is not None:  # before the model: a runner takes torch's threads then
+        _set_torch_threads(threads or 1)
     encoder = common.load(model)
     if ratio is not None:
         encoder.set_ratio(ratio)
@@ -140,11 +165,35 @@ def encode(
         encoder.set_long_documents(long)
     if backend or precision:
         encoder.set_inference(backend, precision)
-    if workers is not None:
+    in_processes = workers is not None and not encoder.supports("workers")
+    if workers is not None and not in_processes:
         encoder.set_workers(workers)
     total = len(documents) if input != "-" and _progress_wanted() else None
     coverage = coverage_of(encoder)
-    embeddings = encode_documents(encoder, documents, batch_size=batch_size, total=total, coverage=coverage)
+    hashed = HashedDocuments(documents)  # each text's hash, for a later --reuse
+    if reuse:
+        embeddings = _encode_reusing(encoder, documents, reuse, batch_size, total, coverage)
+    elif in_processes:
+        from docembed.parallel import WorkerModel, encode_documents_in_processes
+        from docembed.runtime import resolve_device, settings
+
+        spec = WorkerModel(
+            model,
+            threads or 1,
+            resolve_device(),
+            settings.seed,
+            ratio=ratio,
+            long_documents=long,
+            backend=backend,
+            precision=precision,
+        )
+        embeddings = encode_documents_in_processes(
+            spec, encoder, hashed, workers, batch_size=batch_size, total=total, coverage=coverage
+        )
+    else:
+        embeddings = encode_documents(encoder, hashed, batch_size=batch_size, total=total, coverage=coverage)
+    if not reuse:
+        embeddings.metadata.update(reuse_metadata(encoder, hashed.digests))
     if coverage is not None and coverage.documents_cut:
         log(f"note: {coverage.summary(encoder.name)}")
     if documents.skipped:
@@ -154,12 +203,29 @@ def encode(
     duplicates = len(embeddings.ids) - len(set(embeddings.ids))
     if duplicates:
         log(f"warning: {duplicates} duplicate id(s) in {documents.name} (`index build` refuses them)")
+    provenance = documents.shard_provenance()  # --shard i/n: what `docembed merge` orders and checks by
+    if provenance is not None:
+        embeddings.metadata["shard"] = provenance
     save_embeddings(embeddings, output, output_format, overwrite=overwrite, inputs=[input])
     shape = f"dim {embeddings.dim}"
     if embeddings.is_multi:
         shape = f"multi-vector, {embeddings.data.counts.mean():.1f} vectors/doc, " + shape
     where = "stdout" if output == "-" else output
     log(f"encoded {len(embeddings)} documents with {encoder.name} ({shape}) -> {where}")
+
+
+def _encode_reusing(encoder, documents, reuse, batch_size, total, coverage):
+    """`encode --reuse OLD`: the embeddings of unchanged documents come from OLD, the rest are encoded."""
+    from docembed.encoding import encode_documents_reusing
+    from docembed.io.embeddings import load_embeddings
+    from docembed.runtime import log
+
+    old = load_embeddings(reuse)
+    embeddings, encoded = encode_documents_reusing(
+        encoder, documents, old, reuse, batch_size=batch_size, total=total, coverage=coverage
+    )
+    log(f"--reuse: encoded {encoded} new or changed of {len(embeddings)} documents, the rest from {reuse}")
+    return embeddings
 
 
 def fit_model_dir(output: str) -> str:
@@ -178,7 +244,7 @@ def _fit_beside(name, input, output, format, id_field, text_field, skip_invalid,
     command `docembed models` lists), save it beside OUTPUT, and return that directory for --model."""
     from pathlib import Path
 
-    from docembed.errors import DocembedError, UsageError
+    from docembed.errors import UsageError
     from docembed.io.outputs import check_output
     from docembed.models.base import MODEL_DIRECTORY
     from docembed.models.registry import FIT_COMMANDS
@@ -192,15 +258,20 @@ def _fit_beside(name, input, output, format, id_field, text_field, skip_invalid,
     if input == "-" or output == "-":
         raise UsageError("--fit reads the input twice and saves the model beside -o: give files, not -")
     target = Path(fit_model_dir(output))
-    if target.exists() and not overwrite:
-        raise DocembedError(f"{target} exists (the model --fit would write): pass --overwrite to refit")
-    # replaced only if it is a docembed model (fit_family swaps the new one in, all or nothing)
+    # the one output rule: an existing model is refitted with --overwrite or when INPUT is newer (make), and
+    # only if it is a docembed model (fit_family swaps the new one in, all or nothing)
     check_output(target, overwrite, directory=True, inputs=[input], kind=MODEL_DIRECTORY)
     command = FIT_COMMANDS[name].replace("CORPUS", input).replace("DIR", str(target))
     log(f"--fit: fitting {name} as `{command}` would")
     corpus = common.reader(input, format, id_field, text_field, skip_invalid)
     fit_family(name, corpus, target, seed=settings.seed, device=settings.device)
     return str(target)
+
+
+def _set_torch_threads(threads: int) -> None:
+    import torch
+
+    torch.set_num_threads(threads)
 
 
 def _progress_wanted() -> bool:

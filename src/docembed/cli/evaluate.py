@@ -20,9 +20,12 @@ def register(app: typer.Typer) -> None:
 
 
 def evaluate(
-    tasks: list[str] = typer.Argument(..., help=TASK_HELP),
+    tasks: list[str] = typer.Argument(None, help=TASK_HELP),
     models: list[str] = typer.Option(
-        ["sbert"], "--model", "-m", help="Model(s) to evaluate: zoo name, saved directory, tfidf, bm25."
+        ["sbert"],
+        "--model",
+        "-m",
+        help="Model(s) to evaluate: zoo name, saved directory, tfidf, bm25, a fusion (bm25+sbert).",
     ),
     data_root: str = common.DATA_ROOT,
     limit: int = typer.Option(
@@ -46,12 +49,32 @@ def evaluate(
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Recompute embeddings instead of using the cache."
     ),
+    qrels: str = typer.Option(
+        None, "--qrels", help="TREC qrels (qid iter docid rel): evaluate --run on these judgements."
+    ),
+    run: str = typer.Option(
+        None, "--run", help="A TREC run, or the JSONL of `search` / `rerank`, to score against --qrels."
+    ),
+    measures: list[str] = typer.Option(
+        None, "--measure", help="ir_measures names (repeatable; default AP nDCG@10 RR R@10 R@100)."
+    ),
+    per_query: bool = typer.Option(False, "--per-query", help="With --qrels: each query's values too."),
 ) -> None:
     """Evaluate models on tasks: a table on stderr, one JSON line per result on stdout, JSON files in -o.
+    With --qrels and --run: IR measures of a run (ir_measures), one JSON line on stdout.
 
     Example: docembed evaluate paraphrase-identification sts -m sbert
+    Example: docembed evaluate --qrels qrels.txt --run run.txt
     """
     import json
+
+    if qrels or run:
+        _evaluate_run(qrels, run, measures, per_query, tasks)
+        return
+    if not tasks:
+        from docembed.errors import UsageError
+
+        raise UsageError("give task names, or --qrels QRELS --run RUN")
 
     from docembed.evaluation import TASKS, EvalOptions, load_evaluation_model, resolve_tasks, write_result
     from docembed.runtime import log, resolve_device, stderr_console
@@ -89,3 +112,24 @@ def evaluate(
         )
         table.add_row(r.task, r.model, r.primary_metric, f"{r.score:.2f}", others, f"{r.seconds:.1f}")
     stderr_console().print(table)
+
+
+def _evaluate_run(qrels, run, measures, per_query, tasks) -> None:
+    import json
+
+    from docembed.errors import UsageError
+    from docembed.evaluation.ir import DEFAULT_MEASURES, evaluate_run
+    from docembed.runtime import log
+
+    if not (qrels and run):
+        raise UsageError("--qrels and --run go together")
+    if tasks:
+        raise UsageError("give task names or --qrels/--run, not both")
+    result = evaluate_run(qrels, run, measures or DEFAULT_MEASURES)
+    if not per_query:
+        del result["per_query"]
+    missing = result["queries_without_results"]
+    if missing:
+        log(f"note: {len(missing)} judged query(ies) have no results in {run} (scored 0): {missing[:5]}")
+    log(", ".join(f"{name} = {value:.4f}" for name, value in result["measures"].items()))
+    typer.echo(json.dumps(result))

@@ -12,9 +12,25 @@ def register(app: typer.Typer) -> None:
 
 
 def fit(
-    family: str = typer.Argument(..., help="Baseline to fit: tfidf or bm25."),
+    family: str = typer.Argument(..., help="What to fit: tfidf, bm25, or fusion (--lexical + --model)."),
     input: str = typer.Argument(
         ..., help="Corpus: .jsonl, .txt (one document per line) or .tsv (id<TAB>text)."
+    ),
+    lexical: str = typer.Option(
+        "bm25", "--lexical", help="fusion: the lexical part, tfidf or bm25 (fitted on the corpus)."
+    ),
+    model: str = typer.Option("sbert", "--model", "-m", help="fusion: the model part (any --model value)."),
+    validation: str = typer.Option(
+        None,
+        "--validation",
+        help="fusion: rerank rows with 'answer' (index of the right candidate) to choose the weight on.",
+    ),
+    docs: str = typer.Option(None, "--docs", "-d", help="fusion: documents of id rows in --validation."),
+    normalization: str = typer.Option(
+        "zscore", "--normalization", help="fusion: per-query normalisation, zscore | minmax | rrf."
+    ),
+    weight: float = typer.Option(
+        None, "--weight", min=0.0, max=1.0, help="fusion: this weight of the model part, not chosen."
     ),
     output: str = typer.Option(
         ..., "--output", "-o", help="Directory for the fitted model (usable as --model)."
@@ -26,9 +42,11 @@ def fit(
     ),
     overwrite: bool = common.OVERWRITE,
 ) -> None:
-    """Fit a corpus-statistics baseline (vocabulary, idf) on a corpus and save it as a model directory.
+    """Fit a corpus-statistics baseline (vocabulary, idf) on a corpus and save it as a model directory; or a
+    fusion: its lexical part on the corpus, its weight chosen on --validation.
 
     Example: docembed fit tfidf corpus.jsonl -o models/tfidf
+    (fusion: docembed fit fusion corpus.jsonl --lexical bm25 -m sbert --validation val.jsonl -o models/f)
     """
     from docembed.errors import UsageError
     from docembed.io.outputs import directory_output
@@ -36,8 +54,22 @@ def fit(
     from docembed.models.baselines import BM25Config, TfidfConfig, fit_bm25, fit_tfidf
     from docembed.runtime import log, settings
 
+    if family == "fusion":
+        return _fit_fusion(
+            input,
+            output,
+            format,
+            text_field,
+            lexical,
+            model,
+            validation,
+            docs,
+            normalization,
+            weight,
+            overwrite,
+        )
     if family not in ("tfidf", "bm25"):
-        raise UsageError(f"only tfidf and bm25 are fitted this way, not {family!r}")
+        raise UsageError(f"only tfidf, bm25 and fusion are fitted this way, not {family!r}")
     if svd_dim is not None and family != "tfidf":
         raise UsageError("--svd-dim applies to tfidf only")
     # all or nothing, under the output's lock from the start: a second fit to the same output fails at once
@@ -52,3 +84,38 @@ def fit(
             model = fit_bm25(texts, BM25Config())
         model.save(staging)
     log(f"saved the fitted {family} model -> {output}")
+
+
+def _fit_fusion(
+    input, output, format, text_field, lexical, model, validation, docs, normalization, weight, overwrite
+):
+    """Fit the lexical part on the corpus, choose the weight on --validation (or take --weight), save."""
+    from docembed.errors import UsageError
+    from docembed.io.outputs import directory_output
+    from docembed.io.readers import iter_jsonl_lines
+    from docembed.models.base import MODEL_DIRECTORY
+    from docembed.models.families import get_family
+    from docembed.models.fusion import fit_fusion
+    from docembed.runtime import log, resolve_device
+    from docembed.similarity import validation_queries
+
+    if (validation is None) == (weight is None):
+        raise UsageError("fusion: give --validation FILE (the weight is chosen on it) or a fixed --weight")
+    inputs = [p for p in (input, validation, docs) if p]
+    with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=inputs) as staging:
+        fusion = get_family("fusion").from_parts(
+            lexical, model, resolve_device(), normalization=normalization
+        )
+        texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
+        if validation is None:
+            fusion.fit(texts)
+            fusion.config.weight = weight
+            fusion.save(staging)
+        else:
+            doc_texts = None
+            if docs:
+                doc_texts = {d.id: d.text for d in common.reader(docs, None, "id", text_field, False)}
+            queries = validation_queries(iter_jsonl_lines(validation), validation, doc_texts)
+            fit_fusion(fusion, texts, queries, description=f"queries of {validation}")
+            fusion.save(staging)
+    log(f"saved the fusion {lexical}+{model} (weight {fusion.config.weight} of the model) -> {output}")

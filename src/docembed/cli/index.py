@@ -1,4 +1,4 @@
-"""docembed index build / search."""
+"""docembed index build / add / remove, search."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import typer
 
 from docembed.cli import common
 
-index_app = typer.Typer(help="Build faiss indexes over embeddings.", no_args_is_help=True)
+index_app = typer.Typer(
+    help="Build, grow and shrink indexes: faiss over embeddings, or bm25 over texts.", no_args_is_help=True
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -16,9 +18,15 @@ def register(app: typer.Typer) -> None:
 
 @index_app.command("build")
 def build(
-    embeddings: str = typer.Argument(..., help="Embeddings file written by `docembed encode`."),
+    embeddings: str = typer.Argument(
+        ..., help="Embeddings file written by `docembed encode` (with --type bm25: the corpus itself)."
+    ),
     output: str = typer.Option(..., "--output", "-o", help="Index directory to create."),
-    kind: str = typer.Option("flat", "--type", "-t", help="flat (exact) | hnsw | ivf."),
+    kind: str = typer.Option(
+        "flat", "--type", "-t", help="flat (exact) | hnsw | ivf, or bm25 (a first stage over a corpus' text)."
+    ),
+    id_field: str = common.ID_FIELD,
+    text_field: str = common.TEXT_FIELD,
     overwrite: bool = common.OVERWRITE,
     allow_duplicate_ids: bool = typer.Option(
         False,
@@ -37,6 +45,9 @@ def build(
     from docembed.runtime import log
 
     check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
+    if kind == "bm25":
+        _build_bm25(embeddings, output, overwrite, allow_duplicate_ids, id_field, text_field)
+        return
     emb = load_embeddings(embeddings)
     duplicates = len(emb.ids) - len(set(emb.ids))
     if duplicates:
@@ -55,6 +66,92 @@ def build(
     log(f"indexed {what} ({kind}) -> {output}")
 
 
+def _build_bm25(corpus, output, overwrite, allow_duplicate_ids, id_field, text_field) -> None:
+    from docembed.errors import DocembedError
+    from docembed.faiss_index import INDEX_DIRECTORY, BM25Index
+    from docembed.io.outputs import directory_output
+    from docembed.runtime import log
+
+    index = BM25Index.build(common.reader(corpus, None, id_field, text_field, False))
+    duplicates = len(index.ids) - len(set(index.ids))
+    if duplicates and not allow_duplicate_ids:
+        raise DocembedError(
+            f"{corpus}: {duplicates} duplicate id(s): search would return one document twice; "
+            "pass --allow-duplicate-ids to index them anyway"
+        )
+    with directory_output(output, INDEX_DIRECTORY, overwrite, inputs=[corpus]) as staging:
+        index.save(staging)
+    log(f"indexed {len(index.ids)} documents (bm25, {len(index.terms)} terms) -> {output}")
+
+
+def _refuse_bm25(index: str) -> None:
+    from docembed.errors import DocembedError
+    from docembed.faiss_index import is_bm25_dir
+
+    if is_bm25_dir(index):
+        raise DocembedError(
+            f"{index} is a bm25 index, whose idf comes from its whole corpus: rebuild it with "
+            "`docembed index build CORPUS --type bm25 -o INDEX`"
+        )
+
+
+@index_app.command("add")
+def add(
+    index: str = typer.Argument(..., help="Index directory from `docembed index build`."),
+    embeddings: str = typer.Argument(..., help="More embeddings (same model) to append."),
+) -> None:
+    """Append documents to an index: their ids must be new; IVF/HNSW add the new vectors without
+    retraining. The index is replaced on disk all or nothing.
+
+    Example: docembed encode more.jsonl -m glove-avg -o more.npy && docembed index add docs.index more.npy
+    """
+    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
+    from docembed.io.embeddings import load_embeddings
+    from docembed.io.outputs import directory_output
+    from docembed.runtime import log
+
+    _refuse_bm25(index)
+    vector_index = VectorIndex.load(index)
+    emb = load_embeddings(embeddings)
+    vector_index.add(emb)
+    with directory_output(index, INDEX_DIRECTORY, overwrite=True, inputs=[embeddings]) as staging:
+        vector_index.save(staging)
+    log(f"added {len(emb)} documents to {index} ({len(vector_index.ids)} now)")
+
+
+@index_app.command("remove")
+def remove(
+    index: str = typer.Argument(..., help="Index directory from `docembed index build`."),
+    ids: str = typer.Option(..., "--ids", help="File of ids to remove, one per line (- for stdin)."),
+) -> None:
+    """Remove documents by id (ids not in the index are counted and ignored). All or nothing on disk.
+
+    Example: docembed index remove docs.index --ids gone.txt
+    """
+    import sys
+
+    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
+    from docembed.io.outputs import directory_output
+    from docembed.runtime import log
+
+    if ids == "-":
+        lines = sys.stdin.read().split("\n")
+    else:
+        with open(ids, encoding="utf-8") as handle:
+            lines = handle.read().split("\n")
+    wanted = [line.removesuffix("\r") for line in lines if line.strip()]
+    _refuse_bm25(index)
+    vector_index = VectorIndex.load(index)
+    removed = vector_index.remove(wanted)
+    if removed:
+        inputs = [] if ids == "-" else [ids]
+        with directory_output(index, INDEX_DIRECTORY, overwrite=True, inputs=inputs) as staging:
+            vector_index.save(staging)
+    unknown = len(set(wanted)) - removed
+    note = f" ({unknown} id(s) not in the index)" if unknown else ""
+    log(f"removed {removed} documents from {index} ({len(vector_index.ids)} left){note}")
+
+
 def _counts(ids):
     from collections import Counter
 
@@ -69,42 +166,103 @@ def search(
     k: int = typer.Option(10, "-k", "--top-k", min=1, help="Results per query."),
     model: str = typer.Option(None, "--model", "-m", help="Query encoder (default: the index's model)."),
     batch_size: int = common.BATCH_SIZE,
+    output: str = common.OUTPUT_JSONL,
+    overwrite: bool = common.OVERWRITE,
+    more_like: list[str] = typer.Option(
+        None, "--id", help="More like this: the stored vector of document ID is the query (repeatable)."
+    ),
+    text_from: str = typer.Option(
+        None, "--text-from", help="Corpus (.jsonl/.tsv/.txt) whose texts are shown with each hit."
+    ),
+    id_field: str = common.ID_FIELD,
+    text_field: str = common.TEXT_FIELD,
+    output_format: str = typer.Option(
+        "jsonl", "--output-format", help="jsonl | trec (TREC run lines: qid Q0 docid rank score tag)."
+    ),
+    run_tag: str = typer.Option("docembed", "--run-tag", help="The tag column of TREC run lines."),
 ) -> None:
-    """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout.
+    """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout or in -o FILE.
 
     Example: docembed search docs.index --query "how do I catch an exception" -k 5
     """
     import json
-    import sys
 
     from docembed.errors import UsageError
-    from docembed.faiss_index import VectorIndex
+    from docembed.faiss_index import BM25Index, VectorIndex, is_bm25_dir
     from docembed.io.readers import batched
+    from docembed.io.runs import check_output_format, trec_lines
     from docembed.runtime import resolve_device
 
-    if not query and not queries:
-        raise UsageError("give --query TEXT (repeatable) or --queries FILE")
-    vector_index = VectorIndex.load(index)
-    if resolve_device().startswith("cuda"):
+    check_output_format(output_format)
+    if not query and not queries and not more_like:
+        raise UsageError("give --query TEXT (repeatable), --queries FILE or --id ID")
+    common.check_text_output(output, overwrite, [index, queries, text_from])
+    bm25 = BM25Index.load(index) if is_bm25_dir(index) else None
+    if bm25 is not None and more_like:
+        raise UsageError("--id needs a vector index: a bm25 index holds no document vectors")
+    vector_index = VectorIndex.load(index) if bm25 is None else None
+    if vector_index is not None and resolve_device().startswith("cuda"):
         vector_index.to_gpu()
-    spec = model or vector_index.metadata.get("model_source") or vector_index.metadata.get("model")
-    if not spec:
-        raise UsageError("the index does not record its model: pass --model")
-    from docembed.encoding import encode_texts
 
-    encoder = common.load(spec)
-    items = [(str(i), text) for i, text in enumerate(query or [])]
-    if queries:
-        items_iter = ((d.id, d.text) for d in common.reader(queries, queries_format, "id", "text", False))
-    else:
-        items_iter = iter(items)
-    for chunk in batched(items_iter, 256):
-        vectors = encode_texts(encoder, [text for _, text in chunk], batch_size=batch_size)
-        for (qid, text), hits in zip(chunk, vector_index.search(vectors, k), strict=True):
-            row = {
-                "query_id": qid,
-                "query": text,
-                "results": [{"id": i, "score": round(s, 6)} for i, s in hits],
-            }
-            sys.stdout.write(json.dumps(row, ensure_ascii=False) + "\n")
-    sys.stdout.flush()
+    def query_items():
+        if queries:
+            reader = common.reader(queries, queries_format, id_field, text_field, False)
+            return ((d.id, d.text) for d in reader)
+        return ((str(i), text) for i, text in enumerate(query or []))
+
+    def rows():
+        liked = vector_index.more_like(more_like, k) if more_like else []
+        for doc_id, hits in zip(more_like or [], liked, strict=True):
+            yield {"query_id": doc_id, "results": [{"id": i, "score": round(s, 6)} for i, s in hits]}
+        if not query and not queries:
+            return
+        if bm25 is not None:  # lexical first stage: no model
+            for chunk in batched(query_items(), 256):
+                for (qid, text), hits in zip(chunk, bm25.search_texts([t for _, t in chunk], k), strict=True):
+                    results = [{"id": i, "score": round(s, 6)} for i, s in hits]
+                    yield {"query_id": qid, "query": text, "results": results}
+            return
+        spec = model or vector_index.metadata.get("model_source") or vector_index.metadata.get("model")
+        if not spec:
+            raise UsageError("the index does not record its model: pass --model")
+        from docembed.encoding import encode_texts
+
+        encoder = common.load(spec)
+        if getattr(encoder, "scorer_only", False):  # bm25, a fusion such as bm25+sbert: no query vectors
+            raise UsageError(
+                f"{encoder.name} scores query/document pairs and has no vectors to search an index with: "
+                "search with its model part, then `docembed rerank -m` the hits with it"
+            )
+        for chunk in batched(query_items(), 256):
+            vectors = encode_texts(encoder, [text for _, text in chunk], batch_size=batch_size)
+            for (qid, text), hits in zip(chunk, vector_index.search(vectors, k), strict=True):
+                results = [{"id": i, "score": round(s, 6)} for i, s in hits]
+                yield {"query_id": qid, "query": text, "results": results}
+
+    found = rows()
+    if text_from:
+        found = _with_texts(list(found), text_from, id_field, text_field)
+    with common.text_output(output, overwrite, [index, queries, text_from]) as handle:
+        for row in found:
+            if output_format == "trec":
+                handle.write(trec_lines(row["query_id"], row["results"], run_tag))
+            else:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _with_texts(rows: list[dict], corpus: str, id_field: str, text_field: str) -> list[dict]:
+    """Each hit with its text from `corpus` (read once, keeping only the texts of hits)."""
+    from docembed.runtime import log
+
+    wanted = {hit["id"] for row in rows for hit in row["results"]}
+    texts = {}
+    for document in common.reader(corpus, None, id_field, text_field, False):
+        if document.id in wanted:
+            texts[document.id] = document.text
+    missing = wanted - texts.keys()
+    if missing:
+        log(f"warning: {len(missing)} hit id(s) not in {corpus} (first: {sorted(missing)[0]!r}): text null")
+    for row in rows:
+        for hit in row["results"]:
+            hit["text"] = texts.get(hit["id"])
+    return rows

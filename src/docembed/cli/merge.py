@@ -12,21 +12,39 @@ def register(app: typer.Typer) -> None:
 
 
 def merge(
-    parts: list[str] = typer.Argument(..., help="Embeddings files (any format), in input order."),
+    parts: list[str] = typer.Argument(
+        ...,
+        help="Embeddings files (any format): `encode --shard i/n` outputs in any order (ordered by the shard "
+        "each records), other files in input order.",
+    ),
     output: str = typer.Option(
         ..., "--output", "-o", help="Merged file (.npy .npz .safetensors .parquet .jsonl)."
     ),
     overwrite: bool = common.OVERWRITE,
 ) -> None:
-    """Concatenate embeddings files in the order given, after checking that they come from the same model.
+    """Concatenate embeddings files after checking that they come from the same model. Outputs of
+    `encode --shard i/n` are put in input order by the shard each records (so `merge part*.npy` works in
+    any glob order); a missing shard, a shard given twice and shards of another input are refused. Files
+    without shard provenance are joined in the order given.
 
-    Example: docembed merge part0.npy part1.npy part2.npy -o whole.npy
+    Example: docembed merge part*.npy -o whole.npy
     """
-    from docembed.io.embeddings import check_output_path, concat_sets, load_embeddings, save_embeddings
+    from docembed.io.embeddings import (
+        check_output_path,
+        check_same_model,
+        concat_sets,
+        load_embeddings,
+        order_shards,
+        save_embeddings,
+    )
     from docembed.runtime import log
 
     check_output_path(output, overwrite, inputs=parts)
-    merged = concat_sets([load_embeddings(p) for p in parts], list(parts))
+    loaded = [load_embeddings(p) for p in parts]
+    check_same_model(loaded, list(parts))
+    order = order_shards(loaded, list(parts))
+    merged = concat_sets([loaded[i] for i in order], [parts[i] for i in order])
+    merged.metadata.pop("shard", None)  # the whole input now, not one shard of it
     duplicates = len(merged.ids) - len(set(merged.ids))
     if duplicates:
         log(f"warning: {duplicates} duplicate id(s) across the parts (was a shard given twice?)")

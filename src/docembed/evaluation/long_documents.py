@@ -23,10 +23,11 @@ from typing import Any
 
 import numpy as np
 
+from docembed.errors import UsageError
 from docembed.evaluation import metrics
 from docembed.evaluation.base import Evaluator, register_task
 from docembed.evaluation.probes import train_test_predictions
-from docembed.evaluation.retrieval import label_retrieval, similarity_rows
+from docembed.evaluation.retrieval import label_retrieval, scorer_rows, similarity_rows
 from docembed.evaluation.statistics import (
     LONG_DOCUMENT_TOKENS,
     minilm_lengths,
@@ -59,6 +60,7 @@ class LongDocumentClassification(Evaluator):
     primary_metric = "accuracy"
     source = ""
     name = "long-document-classification"
+    supports_scorers = True  # a fusion: retrieval fused, the probe on its model part's features
     split = "test"  # "train" for the -val tasks: evaluated on long train documents
 
     def __init__(
@@ -111,10 +113,16 @@ class LongDocumentClassification(Evaluator):
     def compute(self, model) -> dict[str, Any]:
         texts = [r["text"] for r in self.rows]
         gold = np.asarray([r["label"] for r in self.rows])
+        features = model
+        if getattr(model, "scorer_only", False):  # a scorer has no features: a fusion's model part has
+            features = getattr(model, "model", None)
+            if features is None:
+                raise UsageError(f"{model.name} is a scorer (no features for the probe of {self.name})")
+            self.notes.append(f"probe on the features of {features.name}, the fusion's model part")
         predicted, c = train_test_predictions(
-            self.embed_for_probe(model, self.train_texts),
+            self.embed_for_probe(features, self.train_texts),
             self.train_labels,
-            self.embed_for_probe(model, texts),
+            self.embed_for_probe(features, texts),
             seed=self.options.seed,
         )
         correct = (predicted == gold).astype(np.float64)
@@ -174,6 +182,7 @@ class Halves(Evaluator):
 
     name = "halves"
     primary_metric = "mrr"
+    supports_scorers = True  # bm25, a fusion: each first half scores all second halves
     description = "first half -> second half of long IMDB and 20NG test documents: MRR x100"
     datasets = ("imdb/test", "20newsgroups/test")
 
@@ -248,7 +257,9 @@ def _pair_reciprocal_ranks(task: Evaluator, model, queries: list[str], candidate
     """Reciprocal rank of candidate i for query i among all candidates (ties counted against it)."""
     from docembed.scoring import cosine_matrix, maxsim_one_to_many
 
-    if model.supports("sparse"):
+    if getattr(model, "scorer_only", False):
+        rows = scorer_rows(task, model, queries, candidates)
+    elif model.supports("sparse"):
         model_q, model_c = model.encode_sparse(queries), model.encode_sparse(candidates)
         scores = np.asarray((model_q @ model_c.T).todense(), dtype=np.float64)
         rows = list(scores)

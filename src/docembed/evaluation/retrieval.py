@@ -14,10 +14,20 @@ from docembed.types import MultiVectors
 K_MAP, K_PRECISION, K_NEIGHBOURS = 100, 10, 10
 
 
+def scorer_rows(task, model, queries: list[str], candidates: list[str]) -> list[np.ndarray]:
+    """A scorer's rows (bm25: score(query, candidates); a fusion: its score_matrix, the model part embedded
+    through the task's cache), one per query over all candidates."""
+    if hasattr(model, "score_matrix") and hasattr(model, "lexical"):
+        return list(model.score_matrix(queries, candidates, embed=task.embed))
+    return [np.asarray(model.score(query, candidates)) for query in queries]
+
+
 def similarity_rows(task, model, texts: list[str]) -> Iterable[np.ndarray]:
     """Rows of the document-document similarity matrix (one at a time for multi-vector models)."""
     from docembed.scoring import cosine_matrix, maxsim_one_to_many
 
+    if getattr(model, "scorer_only", False):
+        return scorer_rows(task, model, texts, texts)
     if model.supports("sparse"):
         vectors = model.encode_sparse(texts)
         return np.asarray((vectors @ vectors.T).todense(), dtype=np.float32)

@@ -440,6 +440,7 @@ class LabelRetrieval(Evaluator):
 
     name = "label-retrieval"
     primary_metric = "map@100"
+    supports_scorers = True  # bm25, a fusion: each document's scores over all the documents
 
     def __init__(self, documents: Sequence[str], labels: Sequence, options=None, embed=None, fit_corpus=None):
         super().__init__(options, embed, fit_corpus)

@@ -395,10 +395,8 @@ def load_embedding_shards(directory: str | Path) -> EmbeddingSet:
 SAME_MODEL_KEYS = ("model", "family", "config_hash", "dim", "kind", "normalized", "model_source")
 
 
-def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> EmbeddingSet:
-    """Parts of one set (shards, `--shard i/n` outputs) concatenated in order, after checking they come
-    from the same model (the metadata in SAME_MODEL_KEYS agree)."""
-    names = names or [f"part {i}" for i in range(len(parts))]
+def check_same_model(parts: list[EmbeddingSet], names: list[str]) -> None:
+    """Parts of one set come from the same model: the metadata in SAME_MODEL_KEYS agree."""
     first = parts[0].metadata
     for name, part in zip(names, parts, strict=True):
         differs = [k for k in SAME_MODEL_KEYS if part.metadata.get(k) != first.get(k)]
@@ -408,10 +406,108 @@ def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> Em
                 f"{names[0]} and {name} come from different models ({key}: "
                 f"{first.get(key)!r} vs {part.metadata.get(key)!r})"
             )
+
+
+def order_shards(parts: list[EmbeddingSet], names: list[str]) -> list[int]:
+    """The order in which `encode --shard i/n` outputs concatenate to their whole input, read from their
+    provenance (metadata "shard": i, n, input, row range): whatever order they are given in (a shell glob
+    puts part10 before part2). Refused, naming the parts: parts of different inputs (or another version of
+    the input) or of different n, a shard given twice or overlapping rows, a missing shard (a gap), and a mix
+    of parts with and without provenance. Parts without any provenance keep the order given."""
+    shards = [part.metadata.get("shard") for part in parts]
+    with_provenance = [i for i, shard in enumerate(shards) if isinstance(shard, dict)]
+    if not with_provenance:
+        return list(range(len(parts)))
+    if len(with_provenance) != len(parts):
+        plain = next(i for i, shard in enumerate(shards) if not isinstance(shard, dict))
+        raise DocembedError(
+            f"{names[plain]} records no shard (not written by `encode --shard`) but "
+            f"{names[with_provenance[0]]} does: merge the parts of one sharded run"
+        )
+    try:
+        first = shards[0]
+        for name, shard in zip(names, shards, strict=True):
+            if shard["input"] != first["input"]:
+                raise DocembedError(
+                    f"{names[0]} and {name} are shards of different inputs "
+                    f"({first['input']} vs {shard['input']})"
+                )
+            for key in ("input_size", "input_mtime_ns", "rows"):
+                if shard.get(key) != first.get(key):
+                    raise DocembedError(
+                        f"{names[0]} and {name} are shards of different versions of {first['input']} "
+                        f"({key} {first.get(key)} vs {shard.get(key)}): re-encode the older shards"
+                    )
+            if shard["count"] != first["count"]:
+                raise DocembedError(
+                    f"{names[0]} is shard {first['index']}/{first['count']} but {name} is shard "
+                    f"{shard['index']}/{shard['count']}: parts of different --shard N"
+                )
+        order = sorted(range(len(parts)), key=lambda i: (shards[i]["start"], shards[i]["index"]))
+        count, rows, expected = first["count"], first["rows"], 0
+        seen: dict[int, str] = {}
+        for i in order:
+            shard, name = shards[i], names[i]
+            if shard["index"] in seen:
+                raise DocembedError(
+                    f"{seen[shard['index']]} and {name} are both shard {shard['index']}/{count}: "
+                    "a shard given twice"
+                )
+            seen[shard["index"]] = name
+        missing = sorted(set(range(count)) - set(seen))
+        if missing:
+            listed = ", ".join(f"{m}/{count}" for m in missing[:5]) + (" ..." if len(missing) > 5 else "")
+            raise DocembedError(
+                f"missing shard(s) {listed} of {first['input']}: the parts do not cover the input "
+                f"({len(seen)} of {count} given)"
+            )
+        for i in order:
+            shard = shards[i]
+            if shard["start"] != expected:
+                raise DocembedError(
+                    f"{names[i]} starts at row {shard['start']}, the shards before it end at row {expected}: "
+                    "a gap or an overlap"
+                )
+            expected = shard["stop"]
+        if expected != rows:
+            raise DocembedError(f"the shards cover rows 0-{expected} of {rows}: the last rows are missing")
+    except (KeyError, TypeError) as error:
+        raise DocembedError(f"unreadable shard provenance in the parts' metadata ({error!r})") from None
+    return order
+
+
+def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> EmbeddingSet:
+    """Parts of one set (shards, `--shard i/n` outputs) concatenated in order, after checking they come
+    from the same model (the metadata in SAME_MODEL_KEYS agree)."""
+    names = names or [f"part {i}" for i in range(len(parts))]
+    check_same_model(parts, names)
     non_empty = [p for p in parts if len(p)] or parts[:1]
     metadata = dict(non_empty[0].metadata, count=sum(len(p) for p in parts))
+    metadata.pop("text_hashes", None)
+    hashes = _joined_text_hashes(non_empty)
+    if hashes is not None:
+        metadata["text_hashes"] = hashes
     data = concat_vectors([p.data for p in non_empty])
     return EmbeddingSet(data, [i for p in non_empty for i in p.ids], metadata)
+
+
+def _joined_text_hashes(parts: list[EmbeddingSet]) -> dict | None:
+    """The parts' per-row text digests (what `encode --reuse` reads) joined in order; None unless every part
+    has them in the same scheme (a row without one would be mistaken for another)."""
+    import base64
+
+    found = [p.metadata.get("text_hashes") for p in parts]
+    if not found or not all(isinstance(h, dict) and len(h) == 1 for h in found):
+        return None
+    schemes = {next(iter(h)) for h in found}
+    if len(schemes) != 1 or not all(isinstance(v, str) for h in found for v in h.values()):
+        return None
+    scheme = schemes.pop()
+    try:
+        joined = b"".join(base64.b64decode(h[scheme], validate=True) for h in found)
+    except ValueError:
+        return None
+    return {scheme: base64.b64encode(joined).decode("ascii")}
 
 
 def _load_jsonl(target: Path) -> EmbeddingSet:

@@ -2,8 +2,9 @@
 
 Rule (every command that writes): '-' is stdout; the folder must exist; a target that is not a regular file
 (a device node, a FIFO) or that is one of the command's inputs is refused, even with --overwrite; an existing
-output needs --overwrite - unless it is a file older than every input it was made from, as after `make` saw
-the input change (then it is replaced, like make's own rules).
+output needs --overwrite - unless it is *stale*: any of its inputs is newer than it, make's own rule (`make`
+saw an input change and reruns the recipe). The staleness rule is `is_stale`, for files and for directory
+outputs of a known kind alike (an index, a fitted model): only the --overwrite it stands in for changes.
 
 Every file of an output set obeys the rule, sidecars included (`x.ids.txt`, `x.meta.json`, `x.offsets.npy`
 ... of `x.npy`): a sidecar that is an input is refused; an existing one needs --overwrite unless the set it
@@ -13,8 +14,9 @@ write are removed with it (a dense set written over a multi-vector one reads bac
 Directory outputs (indexes, models, training runs) may exist empty. docembed replaces a non-empty one only
 if it is a docembed output of the same kind, recognised by its own marker (`DirectoryKind`: an index's
 index.faiss + meta.json, a model's config.json of a known family, a run's checkpoint/ or train log), and
-only with --overwrite. Never, even with --overwrite: the working directory or a folder above it (`.`,
-`..`), a folder that is or holds an input; a non-empty folder docembed did not write is refused, naming why.
+only with --overwrite or when it is stale. Never, even with --overwrite: the working directory or a folder
+above it (`.`, `..`), a folder that is or holds an input; a non-empty folder docembed did not write is
+refused, naming why.
 (A shard directory is resumed in place: engines/manifest.py.)
 
 Writes: every file of a set goes to a temporary sibling `.NAME.tmpPID` first; only when all are complete are
@@ -95,14 +97,16 @@ def check_output(
                 f"output {path} is a folder that is not empty and is not a {kind.name} (no {kind.marker}): "
                 "docembed replaces only folders it wrote; choose another output"
             )
-        if overwrite:
+        # a folder of an unknown kind is replaced only when asked: staleness stands in for --overwrite only
+        # where docembed can tell the folder is its own output
+        if overwrite or (kind is not None and is_stale(info.st_mtime_ns, inputs)):
             return
         raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
     elif not stat.S_ISREG(info.st_mode):
         raise DocembedError(f"output {path} is not a regular file (a device or pipe): refusing to replace it")
     elif directory:
         raise DocembedError(f"output exists and is a file: {path} (this command writes a directory)")
-    if overwrite or _older_than_inputs(info.st_mtime_ns, inputs):
+    if overwrite or is_stale(info.st_mtime_ns, inputs):
         return
     raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
 
@@ -158,12 +162,19 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
-def _older_than_inputs(mtime_ns: int, inputs: Sequence[str | Path]) -> bool:
-    files = [Path(p) for p in inputs if str(p) != "-" and "://" not in str(p)]
-    try:
-        return bool(files) and all(p.stat().st_mtime_ns > mtime_ns for p in files)
-    except OSError:
-        return False
+def is_stale(mtime_ns: int, inputs: Sequence[str | Path]) -> bool:
+    """make's rule, the one staleness rule of every output (files and folders): an output last modified at
+    `mtime_ns` is out of date when ANY of its local inputs (files or folders) is newer than it. stdin, URIs
+    and inputs that cannot be read make nothing stale."""
+    for source in inputs:
+        if str(source) == "-" or "://" in str(source):
+            continue
+        try:
+            if Path(source).stat().st_mtime_ns > mtime_ns:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def temporary_path(target: Path) -> Path:

@@ -259,6 +259,7 @@ class DocumentReader:
         self.name = "<stdin>" if path == "-" else path
         self._files = files  # Parquet: (file, rows), planned once
         self._bounds: tuple[int, int] | None = None
+        self._total: int | None = None
 
     def files(self) -> list[tuple[str, int]]:
         if self._files is None:
@@ -274,8 +275,28 @@ class DocumentReader:
         if self.shard is None:
             return 0, None
         if self._bounds is None:
-            self._bounds = self.shard.bounds(self.total_rows())
+            self._total = self.total_rows()
+            self._bounds = self.shard.bounds(self._total)
         return self._bounds
+
+    def shard_provenance(self) -> dict | None:
+        """What an `encode --shard i/n` output records (metadata "shard") so that `docembed merge` can order
+        parts and tell a gap, an overlap or a part of another input: i, n, the input (absolute path, size,
+        mtime), its row count and the rows [start, stop) this shard holds. None without --shard."""
+        if self.shard is None:
+            return None
+        start, stop = self.bounds()
+        info = os.stat(self.path)
+        return {
+            "index": self.shard.index,
+            "count": self.shard.count,
+            "input": os.path.abspath(self.path),
+            "input_size": info.st_size,
+            "input_mtime_ns": info.st_mtime_ns,
+            "rows": self._total,
+            "start": start,
+            "stop": stop,
+        }
 
     def __len__(self) -> int:
         start, stop = self.bounds()

@@ -195,8 +195,8 @@ class Encoder(ABC):
             "normalized": self.normalized,
             "docembed_version": __version__,
         }
-        if self.source:
-            meta["model_source"] = self.source
+        if self.source and not _is_builtin_source(self.name, self.source):
+            meta["model_source"] = self.source  # a saved model: by its path
         return meta
 
     # --- the shared directory format ----------------------------------------------------------------
@@ -211,6 +211,16 @@ class Encoder(ABC):
         }
         (directory / CONFIG_NAME).write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
         return directory
+
+
+# The package's zoo (docembed/zoo/<name>/): a built-in model loaded from it is recorded by its name (with the
+# docembed version), which every installation resolves, never by this installation's absolute path.
+_ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
+
+
+def _is_builtin_source(name: str, source: str) -> bool:
+    path = Path(source)
+    return path.name == name and path.parent == _ZOO_DIR
 
 
 def _same_kind(value: Any, default: Any) -> bool:

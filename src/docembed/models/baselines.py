@@ -249,20 +249,37 @@ class BM25Scorer(FittedBaseline):
 
     def score(self, query: str, candidates: Sequence[str]) -> np.ndarray:
         """BM25 of each candidate document for `query` (its terms counted with multiplicity once each)."""
+        return self.score_matrix([query], candidates)[0]
+
+    def score_matrix(self, queries: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
+        """BM25 of every candidate for every query, (len(queries), len(candidates)) float32: the candidates
+        are tokenized once into a term-count matrix, each query reads its terms' columns."""
+        from collections import Counter
+
+        from scipy.sparse import csr_matrix
+
         self._check_fitted()
         k1, b = self.config.k1, self.config.b
-        query_terms = set(tokenize(query, self.config.lowercase))
-        weights = {t: self.idf(t) for t in query_terms}
-        scores = np.zeros(len(candidates), dtype=np.float32)
-        avg_len = max(self.avg_len, 1e-9)
-        for i, text in enumerate(candidates):
+        vocab: dict[str, int] = {}
+        indptr, indices, counts, lengths = [0], [], [], []
+        for text in candidates:
             tokens = tokenize(text, self.config.lowercase)
-            counts: dict[str, int] = {}
-            for token in tokens:
-                if token in weights:
-                    counts[token] = counts.get(token, 0) + 1
-            norm = k1 * (1.0 - b + b * len(tokens) / avg_len)
-            scores[i] = sum(weights[t] * tf * (k1 + 1.0) / (tf + norm) for t, tf in counts.items())
+            for term, count in Counter(tokens).items():
+                indices.append(vocab.setdefault(term, len(vocab)))
+                counts.append(count)
+            indptr.append(len(indices))
+            lengths.append(len(tokens))
+        shape = (len(candidates), max(len(vocab), 1))
+        tf = csr_matrix((np.asarray(counts, dtype=np.float64), indices, indptr), shape=shape).tocsc()
+        norm = k1 * (1.0 - b + b * np.asarray(lengths, dtype=np.float64) / max(self.avg_len, 1e-9))
+        scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
+        for row, query in enumerate(queries):
+            terms = sorted(t for t in set(tokenize(query, self.config.lowercase)) if t in vocab)
+            if not terms:
+                continue
+            found = tf[:, [vocab[t] for t in terms]].toarray()  # (candidates, query terms)
+            idf = np.array([self.idf(t) for t in terms])
+            scores[row] = (found * (k1 + 1.0) / (found + norm[:, None]) * idf).sum(axis=1)
         return scores
 
     def encode(self, texts: Sequence[str], batch_size: int = 32):

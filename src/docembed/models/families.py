@@ -21,6 +21,7 @@ FAMILY_MODULES: dict[str, str] = {
     "quickthoughts": "docembed.models.quickthoughts",
     "setenc": "docembed.models.setenc",
     "static": "docembed.models.static",
+    "fusion": "docembed.models.fusion",
 }
 
 _FAMILIES: dict[str, type] = {}

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from docembed.errors import DocembedError, UsageError
+from docembed.models import inference_backends
 from docembed.models.base import (
     LONG_MODES,
     Encoder,
@@ -80,8 +81,9 @@ class NuggetConfig(EncoderConfig):
     # A document longer than max_length: "truncate" reads its first max_length tokens; "windows" reads all
     # of it in consecutive windows of max_length, each keeping ceil(r * n_w) of its n_w tokens, so a
     # document keeps about r of all its tokens (sum of the windows' ceil: ceil(r * n) plus at most one per
-    # window beyond the first).
-    long_documents: str = "truncate"
+    # window beyond the first). The default since 2026-11-25, the zoo model's included: better on PI dev
+    # (MRR 98.27 vs 97.98) and on every long validation task (bench/results/CHANGELOG.md).
+    long_documents: str = "windows"
 
     def __post_init__(self):
         if not 0 < self.ratio <= 1:
@@ -391,7 +393,7 @@ def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
 class NuggetEncoder(Encoder):
     family = "nugget"
     config_class = NuggetConfig
-    capabilities = frozenset({"ratio", "long"})
+    capabilities = frozenset({"ratio", "long", "backends"})
 
     def __init__(self, config: NuggetConfig, name: str | None = None, tokenizer=None, model=None):
         super().__init__(config, name)
@@ -401,6 +403,8 @@ class NuggetEncoder(Encoder):
         self.model = model if model is not None else build_model(config, self.tokenizer)
         self.model.eval()
         self.device = "cpu"
+        self.inference = ("auto", "fp32")  # (backend, precision): set_inference; runtime only, not saved
+        self._states_runner = None  # built on first use (exported once, then read from the cache)
 
     # --- built from MiniLM (the zoo and train-nugget start here) -------------------------------------
     @classmethod
@@ -441,6 +445,7 @@ class NuggetEncoder(Encoder):
     def to(self, device: str) -> NuggetEncoder:
         self.model.to(device)
         self.device = device
+        self._states_runner = None
         return self
 
     def set_ratio(self, ratio: float) -> None:
@@ -486,12 +491,46 @@ class NuggetEncoder(Encoder):
         ids = self.tokenize(texts)
         results: list[Any] = [None] * len(ids)
         for chunk, input_ids, attention in self._batches(ids, batch_size):
-            out = self.model.encode_batch(input_ids, attention)
+            out = self._encode_batch(input_ids, attention)
             vectors = out.nuggets.float().cpu().numpy()
             for row, i in enumerate(chunk):
                 k = int(out.slots[row].sum())
                 results[i] = (vectors[row, :k], out.indices[row, :k].cpu().numpy(), ids[i])
         return results
+
+    def set_inference(self, backend: str | None = None, precision: str | None = None) -> NuggetEncoder:
+        """Run the encoder's pass on OpenVINO / ONNX Runtime or in int8 (models/nugget_inference.py);
+        selection, W_V and MaxSim are unchanged."""
+        from docembed.models.nugget_inference import check_exportable
+
+        backend, precision = backend or self.inference[0], precision or self.inference[1]
+        if inference_backends.resolve_backend(backend, precision, self.device) != "torch":
+            check_exportable(self.model)
+        self.inference, self._states_runner = (backend, precision), None
+        return self
+
+    @property
+    def backend(self) -> str:
+        """The engine actually running the encoder's pass: `auto` resolved on this machine."""
+        return inference_backends.resolve_backend(*self.inference, self.device)
+
+    def metadata(self) -> dict[str, Any]:
+        meta = super().metadata()
+        if self.backend != "torch":  # other vectors than PyTorch's: caches must not mix them
+            meta["inference"] = f"{self.backend}-{self.inference[1]}"
+        return meta
+
+    def _encode_batch(self, input_ids: torch.Tensor, attention: torch.Tensor):
+        if self.backend == "torch":
+            return self.model.encode_batch(input_ids, attention)
+        if self._states_runner is None:
+            from docembed.models.nugget_inference import StatesRunner, calibration_batches
+
+            self._states_runner = StatesRunner(
+                self.model, calibration_batches(self), self.backend, self.inference[1]
+            )
+        bottom, top = self._states_runner.states(input_ids, attention)
+        return self.model.from_states(bottom, top, input_ids, attention)
 
     def set_long_documents(self, mode: str) -> None:
         if mode not in LONG_DOCUMENTS:
@@ -516,7 +555,7 @@ class NuggetEncoder(Encoder):
                 starts.append(start)
         found: list[Any] = [None] * len(windows)
         for chunk, input_ids, attention in self._batches(windows, batch_size):
-            out = self.model.encode_batch(input_ids, attention)
+            out = self._encode_batch(input_ids, attention)
             vectors = out.nuggets.float().cpu().numpy()
             for row, w in enumerate(chunk):
                 k = int(out.slots[row].sum())

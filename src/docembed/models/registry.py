@@ -7,7 +7,9 @@
    package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.models.zoo). A built-in name
    always means the built-in: a folder `glove-avg` in the working directory (or the models home) is used
    only when written as a path (`./glove-avg`), and a warning says so;
-4. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
+4. `LEXICAL+MODEL` (`bm25+sbert`, `tfidf-dir+student`): a fusion of a lexical scorer and a model, each
+   part resolved by these rules (docembed.models.fusion);
+5. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
 
 Family modules are imported only when a model of that family is loaded, so the CLI starts fast.
 """
@@ -67,12 +69,14 @@ BUILTIN: dict[str, ZooEntry] = {
     ),
     "nugget": ZooEntry(
         "nugget",
-        "NUGGET on MiniLM: a learned tenth of the token vectors, mean-MaxSim (`docembed inspect` shows them)",
+        "NUGGET on MiniLM: a learned tenth of the token vectors of each 256-token window (the whole "
+        "document; --long truncate: the first window only), mean-MaxSim (`docembed inspect` shows them)",
         shipped=True,
     ),
     "student": ZooEntry(
         "student",
-        "long-document Longformer (MiniLM, 4,096 tokens) distilled from SBERT and Paragraph Vector",
+        "long-document Longformer (MiniLM, 2,048-token windows averaged over the whole document; --long "
+        "truncate: the first window only) distilled from SBERT and Paragraph Vector",
         shipped=True,
     ),
     "quickthoughts": ZooEntry(
@@ -193,6 +197,9 @@ def _load_model(spec: str, device: str):
             model.name = spec if candidate == home_path else candidate.name
             model.source = str(candidate.resolve())
             return model
+    if "+" in spec and not path.exists() and all(spec.split("+", 1)):  # `bm25+sbert`: a fusion
+        lexical, model = spec.split("+", 1)
+        return get_family("fusion").from_parts(lexical, model, device)
     if spec in BUILTIN:
         entry = BUILTIN[spec]
         if entry.shipped:
@@ -202,6 +209,12 @@ def _load_model(spec: str, device: str):
         cls = get_family(entry.family)
         model = cls(cls.config_class.from_dict(entry.config), name=spec)
         return model.to(device)
+    moved = _moved_builtin(path)
+    if moved is not None:
+        from docembed.runtime import log
+
+        log(f"note: {spec} does not exist; it was the built-in {moved!r} of another installation: using it")
+        return _load_model(moved, device)
     if "/" in spec and not path.exists() and spec.count("/") == 1 and not spec.startswith((".", "/")):
         cls = get_family("sbert")
         model = cls(cls.config_class.from_dict({"model_name_or_path": spec}), name=spec)
@@ -212,6 +225,18 @@ def _load_model(spec: str, device: str):
         raise ModelNotFoundError(fit_hint(spec))
     names = ", ".join(sorted(BUILTIN) + [p.name for p in _home_models()])
     raise ModelNotFoundError(f"unknown model {spec!r}: not a path, a saved name, or one of: {names}")
+
+
+def _moved_builtin(path: Path) -> str | None:
+    """The built-in name that an absolute zoo path recorded by an older docembed (`/.../docembed/zoo/nugget`)
+    stands for, when that path no longer exists (another environment, a reinstall); else None. Outputs now
+    record a built-in by its name; this keeps older indexes and embeddings readable."""
+    if not path.is_absolute() or path.exists():
+        return None
+    entry = BUILTIN.get(path.name)
+    if entry is None or not entry.shipped or path.parent.name != "zoo":
+        return None
+    return path.name
 
 
 def _home_models() -> list[Path]:

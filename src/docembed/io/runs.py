@@ -1,0 +1,96 @@
+"""Ranked results in the IR conventions: TREC run lines (`qid Q0 docid rank score tag`) written by `search`
+and `rerank --output-format trec`, and runs read back for `evaluate --qrels --run`, from a TREC run file or
+from the JSONL `search` / `rerank` write (`{query_id, results: [{id, score}]}`,
+`{source, ranking: [{id, score}]}`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from docembed.errors import DocembedError
+
+TREC = "trec"
+OUTPUT_FORMATS = ("jsonl", TREC)
+
+
+def check_output_format(value: str) -> str:
+    from docembed.errors import UsageError
+
+    if value not in OUTPUT_FORMATS:
+        raise UsageError(f"--output-format: expected {' or '.join(OUTPUT_FORMATS)}, got {value!r}")
+    return value
+
+
+def trec_lines(qid: str, hits: list[dict], tag: str) -> str:
+    """TREC run lines for ranked hits [{id, score}] (best first; ranks 1, 2, ...). A TREC run is
+    whitespace-separated, so an id (or tag) that is empty or holds whitespace is refused in one line."""
+    for value, what in ((qid, "query id"), (tag, "run tag"), *((h["id"], "document id") for h in hits)):
+        if not value or any(c.isspace() for c in value):
+            raise DocembedError(f"{what} {value!r} is empty or holds whitespace: a TREC run cannot hold it")
+    return "".join(f"{qid} Q0 {h['id']} {rank} {h['score']} {tag}\n" for rank, h in enumerate(hits, 1))
+
+
+def read_run(path: str | Path) -> dict[str, dict[str, float]]:
+    """{qid: {docid: score}} from a TREC run file or from `search` / `rerank` JSONL output."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise DocembedError(f"cannot read {path}: {error.strerror or error}") from None
+    run: dict[str, dict[str, float]] = {}
+    for line_number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            qid, hits = _jsonl_row(path, line_number, line)
+            ranking = run.setdefault(qid, {})
+            for doc_id, score in hits:
+                ranking[doc_id] = score
+            continue
+        fields = line.split()
+        if len(fields) != 6:
+            raise DocembedError(f"{path}:{line_number}: expected `qid Q0 docid rank score tag`")
+        try:
+            run.setdefault(fields[0], {})[fields[2]] = float(fields[4])
+        except ValueError:
+            raise DocembedError(f"{path}:{line_number}: score {fields[4]!r} is not a number") from None
+    if not run:
+        raise DocembedError(f"{path}: the run holds no results")
+    return run
+
+
+def _jsonl_row(path: Path, line_number: int, line: str) -> tuple[str, list[tuple[str, float]]]:
+    try:
+        row = json.loads(line)
+        qid = row.get("query_id", row.get("source"))
+        hits = row["results"] if "results" in row else row["ranking"]
+        return str(qid), [(str(h["id"]), float(h["score"])) for h in hits]
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DocembedError(
+            f"{path}:{line_number}: expected a `search` row {{query_id, results: [{{id, score}}]}} or a "
+            "`rerank` row {source, ranking: [{id, score}]}"
+        ) from None
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """{qid: {docid: relevance}} from a TREC qrels file (`qid iteration docid relevance`)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise DocembedError(f"cannot read {path}: {error.strerror or error}") from None
+    qrels: dict[str, dict[str, int]] = {}
+    for line_number, line in enumerate(text.splitlines(), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 4:
+            raise DocembedError(f"{path}:{line_number}: expected `qid iteration docid relevance`")
+        try:
+            qrels.setdefault(fields[0], {})[fields[2]] = int(fields[3])
+        except ValueError:
+            raise DocembedError(f"{path}:{line_number}: relevance {fields[3]!r} is not an integer") from None
+    if not qrels:
+        raise DocembedError(f"{path}: no judgements")
+    return qrels

@@ -1,0 +1,328 @@
+"""Fusion of a lexical scorer (tfidf, bm25) and any docembed model: `bm25+sbert`, `tfidf-dir+student`.
+
+A fusion scores query/candidate pairs, it has no embeddings (a scorer, as bm25 is). For one query and its
+candidates, each part's scores are normalised over the candidates (per query) and combined convexly:
+
+    fused = (1 - weight) * norm(lexical) + weight * norm(model)
+
+`normalization` is "zscore" ((s - mean) / std; all equal -> 0), "minmax" ((s - min) / (max - min); all
+equal -> 0) or "rrf" (reciprocal rank fusion: 1 / (rrf_k + rank), rank 1 = best, ties in input order).
+Weight 0 ranks as the lexical part alone, weight 1 as the model alone. A single pair (`docembed
+similarity`) has no candidates to normalise over: it uses the score statistics measured when the weight
+was chosen (`pair_stats`, z-score or min-max), so it needs a fitted fusion folder.
+
+A fusion folder (never a pickle) is a `config.json` naming the two parts, built-ins by name and folders by
+path (a relative path is inside the fusion folder: the fitted lexical part is saved there, as `lexical/`),
+with the weight, the normalisation, how the weight was chosen and each part's score statistics.
+`fit_fusion` fits the lexical part on a corpus and chooses the weight on validation queries (MRR over a
+grid, `WEIGHT_GRID`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from docembed.errors import CorruptModelError, UsageError
+from docembed.models.base import Encoder, EncoderConfig, read_config, save_encoder
+from docembed.models.families import register
+from docembed.types import MultiVectors, Vectors
+
+NORMALIZATIONS = ("zscore", "minmax", "rrf")
+LEXICAL_FAMILIES = ("tfidf", "bm25")
+DEFAULT_WEIGHT = 0.5
+WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
+LEXICAL_FOLDER = "lexical"
+
+# how the model part's texts become vectors: (model, texts) -> vectors (callers above pass the encode loop
+# or the evaluation's embedding cache; the default is the model's own encode)
+Embed = Callable[[Encoder, list[str]], Vectors]
+
+
+@dataclass
+class FusionConfig(EncoderConfig):
+    lexical: str = "bm25"  # built-in name or folder (relative: inside the fusion folder)
+    model: str = "sbert"  # any docembed model: built-in name or folder
+    weight: float = DEFAULT_WEIGHT  # of the model's normalised score; the lexical part gets 1 - weight
+    normalization: str = "zscore"
+    rrf_k: int = 60
+    pair_stats: dict | None = None  # {"lexical"|"model": {"mean", "std", "min", "max"}}: single pairs
+    chosen_on: str | None = None  # how the weight was chosen (None: the default, not chosen)
+
+    def __post_init__(self):
+        if self.normalization not in NORMALIZATIONS:
+            raise UsageError(
+                f"fusion normalisation is one of {', '.join(NORMALIZATIONS)}, not {self.normalization!r}"
+            )
+        if not 0.0 <= float(self.weight) <= 1.0:
+            raise UsageError(f"the fusion weight is between 0 and 1, not {self.weight}")
+
+
+def normalize_rows(scores: np.ndarray, method: str, rrf_k: int = 60) -> np.ndarray:
+    """Each row (one query's candidates) normalised: z-score, min-max, or reciprocal-rank scores."""
+    scores = np.atleast_2d(np.asarray(scores, dtype=np.float64))
+    if method == "zscore":
+        centred = scores - scores.mean(axis=1, keepdims=True)
+        std = scores.std(axis=1, keepdims=True)
+        return np.divide(centred, std, out=np.zeros_like(centred), where=std > 0)
+    if method == "minmax":
+        low = scores.min(axis=1, keepdims=True)
+        span = scores.max(axis=1, keepdims=True) - low
+        return np.divide(scores - low, span, out=np.zeros_like(scores), where=span > 0)
+    if method == "rrf":
+        ranks = np.empty_like(scores)
+        for row, values in enumerate(scores):
+            ranks[row, np.argsort(-values, kind="stable")] = np.arange(1, scores.shape[1] + 1)
+        return 1.0 / (rrf_k + ranks)
+    raise UsageError(f"fusion normalisation is one of {', '.join(NORMALIZATIONS)}, not {method!r}")
+
+
+def fuse(lexical: np.ndarray, model: np.ndarray, weight: float, method: str, rrf_k: int = 60) -> np.ndarray:
+    """(1 - weight) * norm(lexical) + weight * norm(model), row by row (one row per query)."""
+    return (1.0 - weight) * normalize_rows(lexical, method, rrf_k) + weight * normalize_rows(
+        model, method, rrf_k
+    )
+
+
+def _model_scores(queries: Vectors, candidates: Vectors) -> np.ndarray:
+    from docembed.scoring import cosine_matrix, maxsim_one_to_many
+
+    if isinstance(queries, MultiVectors):
+        return np.stack([maxsim_one_to_many(queries[i], candidates) for i in range(len(queries))])
+    return cosine_matrix(np.asarray(queries), np.asarray(candidates))
+
+
+@register
+class FusionScorer(Encoder):
+    """A lexical scorer and a docembed model, fused per query (see the module docstring)."""
+
+    family = "fusion"
+    config_class = FusionConfig
+    capabilities = frozenset({"fit"})
+    scorer_only = True  # score(query, candidates), no embeddings
+
+    def __init__(self, config: FusionConfig, lexical: Encoder, model: Encoder, name: str | None = None):
+        super().__init__(config, name or f"{lexical.name}+{model.name}")
+        if lexical.family not in LEXICAL_FAMILIES:
+            raise UsageError(
+                f"the first part of a fusion is a lexical model ({' or '.join(LEXICAL_FAMILIES)}), "
+                f"not {lexical.name!r} ({lexical.family})"
+            )
+        if getattr(model, "scorer_only", False):
+            raise UsageError(f"the second part of a fusion is a model with embeddings, not {model.name!r}")
+        self.lexical, self.model = lexical, model
+
+    @classmethod
+    def from_parts(cls, lexical: str, model: str, device: str = "cpu", **config: Any) -> FusionScorer:
+        """`bm25+sbert`: the two parts by name or folder, with the default (or given) weight."""
+        from docembed.models.registry import load_model
+
+        return cls(
+            FusionConfig(lexical=lexical, model=model, **config),
+            load_model(lexical, device),
+            load_model(model, device),
+        )
+
+    # --- fitting --------------------------------------------------------------------------------------
+    @property
+    def requires_fit(self) -> bool:
+        return self.lexical.requires_fit
+
+    @property
+    def fitted_on(self):
+        return getattr(self.lexical, "fitted_on", None)
+
+    def fit(self, texts: Sequence[str]) -> FusionScorer:
+        """Fit the lexical part's corpus statistics on `texts` (the model part is used as it is)."""
+        self.lexical.fit(list(texts))
+        return self
+
+    # --- scoring --------------------------------------------------------------------------------------
+    def part_scores(
+        self, queries: Sequence[str], candidates: Sequence[str], embed: Embed | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The raw scores of each part, (len(queries), len(candidates)) each: lexical, model."""
+        queries, candidates = list(queries), list(candidates)
+        embed = embed or (lambda model, texts: model.encode(texts))
+        model = _model_scores(embed(self.model, queries), embed(self.model, candidates))
+        return self.lexical_scores(queries, candidates), np.asarray(model, dtype=np.float64)
+
+    def lexical_scores(self, queries: Sequence[str], candidates: Sequence[str], pairs: bool = False):
+        """The lexical part's scores: every query against every candidate, or (`pairs`) queries[i] against
+        candidates[i]. tfidf: the cosine of the exact sparse rows; bm25: Okapi BM25."""
+        queries, candidates = list(queries), list(candidates)
+        if self.lexical.family == "tfidf":
+            q, c = self.lexical.encode_sparse(queries), self.lexical.encode_sparse(candidates)
+            if pairs:
+                return np.asarray(q.multiply(c).sum(axis=1), dtype=np.float64).ravel()
+            return np.asarray((q @ c.T).todense(), dtype=np.float64)
+        if pairs:
+            return np.array([self.lexical.score(a, [b])[0] for a, b in zip(queries, candidates, strict=True)])
+        return np.asarray(self.lexical.score_matrix(queries, candidates), dtype=np.float64)
+
+    def score_matrix(
+        self,
+        queries: Sequence[str],
+        candidates: Sequence[str],
+        embed: Embed | None = None,
+        weight: float | None = None,
+    ) -> np.ndarray:
+        """Fused scores of every query against every candidate (normalised over each query's candidates)."""
+        lexical, model = self.part_scores(queries, candidates, embed)
+        c = self.config
+        return fuse(lexical, model, c.weight if weight is None else weight, c.normalization, c.rrf_k)
+
+    def score(self, query: str, candidates: Sequence[str]) -> np.ndarray:
+        """Fused scores of `candidates` for `query` (what bm25's score() is, for the evaluator)."""
+        return self.score_matrix([query], candidates)[0].astype(np.float32)
+
+    def pair_scores(
+        self, left: Sequence[str], right: Sequence[str], embed: Embed | None = None
+    ) -> np.ndarray:
+        """left[i] against right[i], each part normalised with the statistics saved at fit time."""
+        c = self.config
+        if c.normalization == "rrf" or not c.pair_stats:
+            raise UsageError(
+                f"{self.name} fuses scores per query (normalised over its candidates): a single pair needs "
+                "the score statistics saved when the weight is chosen (`docembed fit fusion ... --validation "
+                "V -o DIR`, z-score or min-max); use `docembed rerank` for candidates"
+            )
+        left, right = list(left), list(right)
+        lexical = self.lexical_scores(left, right, pairs=True)
+        embed = embed or (lambda model, texts: model.encode(texts))
+        from docembed.scoring import score_pairs
+
+        model = np.asarray(score_pairs(embed(self.model, left), embed(self.model, right)), dtype=np.float64)
+        parts = []
+        for key, values in (("lexical", lexical), ("model", model)):
+            stats = c.pair_stats[key]
+            if c.normalization == "zscore":
+                parts.append((values - stats["mean"]) / (stats["std"] or 1.0))
+            else:
+                parts.append((values - stats["min"]) / ((stats["max"] - stats["min"]) or 1.0))
+        return ((1.0 - c.weight) * parts[0] + c.weight * parts[1]).astype(np.float32)
+
+    # --- what it is not -------------------------------------------------------------------------------
+    def encode(self, texts: Sequence[str], batch_size: int = 32):
+        raise UsageError(
+            f"{self.name} is a fusion of scores, not an embedding: use it in similarity, rerank or evaluate "
+            f"(encode with {self.model.name} itself)"
+        )
+
+    @property
+    def dim(self) -> int:
+        raise UsageError(f"{self.name} is a fusion of scores, not an embedding: it has no dimension")
+
+    def to(self, device: str) -> FusionScorer:
+        self.model.to(device)
+        return self
+
+    # --- save / load ----------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> None:
+        """config.json naming both parts; a fitted lexical part is saved inside, as `lexical/`."""
+        if self.lexical.requires_fit:
+            raise UsageError(f"{self.name}: fit the lexical part before saving the fusion")
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.lexical.save(directory / LEXICAL_FOLDER)
+        from docembed.models.registry import BUILTIN
+
+        self.config.lexical = LEXICAL_FOLDER
+        if self.config.model not in BUILTIN:  # a folder: by its full path
+            self.config.model = self.model.source or self.config.model
+        self.write_config(directory)
+
+    @classmethod
+    def load(cls, directory: str | Path, device: str = "cpu") -> FusionScorer:
+        from docembed.models.registry import load_model, written_as_path
+
+        directory = Path(directory)
+        config = FusionConfig.from_dict(read_config(directory)["config"])
+
+        def part(spec: str) -> Encoder:
+            path = Path(spec).expanduser()
+            if written_as_path(spec) or (directory / spec).is_dir():
+                path = path if path.is_absolute() else directory / path
+                if not path.is_dir():
+                    raise CorruptModelError(f"{directory}: the fusion part {spec!r} is missing ({path})")
+                return load_model(str(path), device)
+            return load_model(spec, device)
+
+        return cls(config, part(config.lexical), part(config.model))
+
+
+def reciprocal_rank(scores: np.ndarray, gold: int) -> float:
+    """1 / rank of candidate `gold` (ties counted against it)."""
+    return 1.0 / (1 + int((scores >= scores[gold]).sum()) - 1)
+
+
+def choose_weight(
+    lexical: Sequence[np.ndarray],
+    model: Sequence[np.ndarray],
+    golds: Sequence[int],
+    method: str = "zscore",
+    rrf_k: int = 60,
+    grid: Sequence[float] = WEIGHT_GRID,
+) -> tuple[float, dict[float, float]]:
+    """The weight of the grid with the best MRR over the validation queries (each a row of part scores over
+    its candidates, and the index of its right candidate); ties go to the weight nearest 0.5. Returns the
+    weight and the MRR x100 of every weight."""
+    table = {}
+    for weight in grid:
+        rr = [
+            reciprocal_rank(fuse(lex, mod, weight, method, rrf_k)[0], gold)
+            for lex, mod, gold in zip(lexical, model, golds, strict=True)
+        ]
+        table[float(weight)] = round(100.0 * float(np.mean(rr)), 4)
+    best = max(table, key=lambda w: (table[w], -abs(w - 0.5)))
+    return best, table
+
+
+def _stats(rows: Sequence[np.ndarray]) -> dict[str, float]:
+    values = np.concatenate([np.ravel(r) for r in rows])
+    return {
+        k: float(f(values)) for k, f in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max))
+    }
+
+
+def fit_fusion(
+    fusion: FusionScorer,
+    corpus: Sequence[str] | None,
+    validation: Sequence[tuple[str, list[str], int]],
+    output: str | Path | None = None,
+    embed: Embed | None = None,
+    description: str = "validation queries",
+) -> dict[str, Any]:
+    """Fit the lexical part on `corpus` (None: keep it as it is, fitted) and choose the weight on
+    `validation` rows (query, candidates, index of the right candidate). Saves to `output` when given.
+    Returns the choice: weight, MRR x100 per weight, and each part's alone."""
+    from docembed.runtime import log
+
+    if corpus is not None:
+        fusion.fit(list(corpus))
+    elif fusion.requires_fit:
+        raise UsageError(f"{fusion.lexical.name} is not fitted: give a corpus to fit it on")
+    if not validation:
+        raise UsageError("choosing the fusion weight needs validation queries with a right answer")
+    lexical, model, golds = [], [], []
+    for query, candidates, gold in validation:
+        lex, mod = fusion.part_scores([query], candidates, embed)
+        lexical.append(lex)
+        model.append(mod)
+        golds.append(gold)
+    c = fusion.config
+    weight, table = choose_weight(lexical, model, golds, c.normalization, c.rrf_k)
+    c.weight = weight
+    c.pair_stats = {"lexical": _stats(lexical), "model": _stats(model)}
+    c.chosen_on = f"MRR on {len(golds)} {description}, grid {WEIGHT_GRID[0]}..{WEIGHT_GRID[-1]} step 0.05"
+    log(
+        f"fusion weight {weight} (model) chosen on {len(golds)} queries: MRR {table[weight]:.2f}, "
+        f"lexical alone {table[0.0]:.2f}, model alone {table[1.0]:.2f}"
+    )
+    if output is not None:
+        save_encoder(fusion, output)
+    return {"weight": weight, "mrr_by_weight": table, "queries": len(golds)}

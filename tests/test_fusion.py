@@ -1,0 +1,238 @@
+"""Fusion of a lexical scorer and a docembed model (`bm25+MODEL`): per-query normalisation, the weight
+chosen on validation queries, saved and reloaded exactly, and the commands and tasks that use it."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cli_helpers import invoke
+from docembed.models.fusion import FusionScorer, choose_weight, fit_fusion, normalize_rows
+from docembed.models.registry import load_model
+
+DOCS = [
+    "the cat sat on the mat and purred at the dog",
+    "dogs chase cats across the park every morning",
+    "the central bank raised interest rates again this year",
+    "python is a programming language with a large standard library",
+    "stock markets fell sharply after the bank announcement",
+    "a kitten and a puppy played in the garden",
+]
+QUERIES = ["a cat on a mat", "interest rates and the bank", "programming in python", "puppy in a garden"]
+ANSWERS = [0, 2, 3, 5]
+
+
+@pytest.fixture
+def fusion(tiny_sbert_dir):
+    model = load_model(f"bm25+{tiny_sbert_dir}")
+    assert isinstance(model, FusionScorer) and model.requires_fit
+    return model.fit(DOCS)
+
+
+def test_zscore_is_per_query():
+    scores = np.array([[1.0, 2.0, 3.0], [10.0, 10.0, 10.0], [0.0, 0.0, 4.0]])
+    z = normalize_rows(scores, "zscore")
+    s = np.sqrt(2.0 / 3.0)
+    np.testing.assert_allclose(z[0], [-1 / s, 0.0, 1 / s])
+    np.testing.assert_array_equal(z[1], [0.0, 0.0, 0.0])  # no spread: no signal, not a division by zero
+    np.testing.assert_allclose(z[2], [-1 / np.sqrt(2), -1 / np.sqrt(2), np.sqrt(2)])
+    np.testing.assert_allclose(normalize_rows(scores, "minmax")[0], [0.0, 0.5, 1.0])
+
+
+def test_fused_scores_of_a_query_do_not_depend_on_the_other_queries(fusion):
+    together = fusion.score_matrix(QUERIES, DOCS)
+    for row, query in enumerate(QUERIES):
+        np.testing.assert_allclose(together[row], fusion.score(query, DOCS), atol=1e-4)  # batching noise
+    lexical, model = fusion.part_scores(QUERIES, DOCS)
+    expected = 0.5 * normalize_rows(lexical, "zscore") + 0.5 * normalize_rows(model, "zscore")
+    np.testing.assert_allclose(together, expected)
+
+
+def test_rrf_option():
+    np.testing.assert_allclose(normalize_rows([[0.2, 0.9, 0.5]], "rrf", 60), [[1 / 63, 1 / 61, 1 / 62]])
+    np.testing.assert_allclose(normalize_rows([[0.2, 0.9, 0.5]], "rrf", 0), [[1 / 3, 1 / 1, 1 / 2]])
+    # ties keep input order, as every ranking here does
+    np.testing.assert_allclose(normalize_rows([[1.0, 1.0]], "rrf", 0), [[1.0, 0.5]])
+
+
+def test_rrf_fusion_scores(tiny_sbert_dir):
+    model = load_model(f"bm25+{tiny_sbert_dir}")
+    model.config.normalization, model.config.rrf_k, model.config.weight = "rrf", 10, 0.25
+    model.fit(DOCS)
+    lexical, dense = model.part_scores(QUERIES[:1], DOCS)
+
+    def rrf(row):
+        ranks = np.empty(len(row))
+        ranks[np.argsort(-row, kind="stable")] = np.arange(1, len(row) + 1)
+        return 1.0 / (10 + ranks)
+
+    expected = 0.75 * rrf(lexical[0]) + 0.25 * rrf(dense[0])
+    np.testing.assert_allclose(model.score(QUERIES[0], DOCS), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("normalization", ["zscore", "minmax", "rrf"])
+def test_weight_0_and_1_rank_as_each_part_alone(fusion, normalization):
+    from docembed.scoring import rank
+
+    fusion.config.normalization = normalization
+    lexical, dense = fusion.part_scores(QUERIES, DOCS)
+    for weight, part in ((0.0, lexical), (1.0, dense)):
+        fused = fusion.score_matrix(QUERIES, DOCS, weight=weight)
+        for row in range(len(QUERIES)):
+            assert list(rank(fused[row])) == list(rank(part[row])), (weight, row)
+    # and the parts disagree somewhere, so the two checks above test different things
+    assert any(list(rank(lexical[r])) != list(rank(dense[r])) for r in range(len(QUERIES)))
+
+
+def test_choose_weight_follows_the_part_that_is_right():
+    # the lexical part finds every answer (index 0), the model part puts it last
+    lexical = [np.array([[3.0, 1.0, 0.0, 0.5]])] * 3
+    model = [np.array([[0.1, 0.9, 0.8, 0.7]])] * 3
+    weight, table = choose_weight(lexical, model, [0, 0, 0])
+    assert weight < 0.5 and table[0.0] == 100.0 and table[1.0] == 25.0
+    weight, _ = choose_weight(model, lexical, [0, 0, 0])
+    assert weight > 0.5
+
+
+def test_saved_fusion_reloads_with_identical_scores(fusion, tmp_path, tiny_sbert_dir):
+    validation = [(q, DOCS, a) for q, a in zip(QUERIES, ANSWERS, strict=True)]
+    choice = fit_fusion(fusion, None, validation)
+    assert set(choice["mrr_by_weight"]) >= {0.0, 0.5, 1.0} and fusion.config.chosen_on
+    fusion.config.weight = 0.35  # not the default, so a reload that lost it gives other scores
+    directory = tmp_path / "fused"
+    from docembed.models.base import save_encoder
+
+    save_encoder(fusion, directory)
+    config = json.loads((directory / "config.json").read_text())
+    assert config["family"] == "fusion" and config["config"]["weight"] == 0.35
+    assert config["config"]["lexical"] == "lexical" and (directory / "lexical" / "config.json").is_file()
+    assert config["config"]["model"] == str(tiny_sbert_dir.resolve())  # a folder part: by path
+    assert not list(directory.rglob("*.pkl")) and not list(directory.rglob("*.pickle"))
+    loaded = load_model(str(directory))
+    assert isinstance(loaded, FusionScorer) and not loaded.requires_fit
+    assert loaded.config.to_dict() == fusion.config.to_dict()
+    np.testing.assert_array_equal(loaded.score_matrix(QUERIES, DOCS), fusion.score_matrix(QUERIES, DOCS))
+    assert not np.allclose(loaded.score_matrix(QUERIES, DOCS), fusion.score_matrix(QUERIES, DOCS, weight=0.5))
+    # a single pair uses the statistics saved with the weight
+    pair = loaded.pair_scores(QUERIES[:2], DOCS[:2])
+    np.testing.assert_array_equal(pair, fusion.pair_scores(QUERIES[:2], DOCS[:2]))
+    stats = loaded.config.pair_stats
+    lexical, dense = loaded.part_scores(QUERIES[1:2], DOCS[1:2])
+    expected = (
+        0.65 * (lexical[0, 0] - stats["lexical"]["mean"]) / stats["lexical"]["std"]
+        + 0.35 * (dense[0, 0] - stats["model"]["mean"]) / stats["model"]["std"]
+    )
+    assert pair[1] == pytest.approx(expected, abs=1e-5)
+
+
+def test_python_api_loads_a_fusion_folder(fusion, tmp_path):
+    import docembed
+
+    fusion.config.weight = 0.6
+    fusion.save(tmp_path / "f")
+    model = docembed.load(str(tmp_path / "f"), device="cpu")
+    assert "scorer" in repr(model)
+    scores = model.similarity(QUERIES, DOCS)
+    np.testing.assert_allclose(scores, fusion.score_matrix(QUERIES, DOCS), rtol=1e-6, atol=1e-6)
+
+
+def test_halves_task_runs_a_fusion_and_weight_0_is_bm25(fusion):
+    from docembed.evaluation.base import EvalOptions
+    from docembed.evaluation.long_documents import Halves
+
+    documents = [d + " " + d.upper().lower() for d in DOCS]
+    task = Halves(documents, EvalOptions(cache=False))
+    bm25 = load_model("bm25").fit(documents)
+    fused = task.run(fusion.fit(documents)).score
+    fusion.config.weight = 0.0
+    assert task.run(fusion).score == task.run(bm25).score
+    assert 0.0 < fused <= 100.0
+
+
+def test_cli_fit_fusion_then_rerank_with_the_folder(capfd, tmp_path, tiny_sbert_dir):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    validation = tmp_path / "val.jsonl"
+    validation.write_text(
+        "".join(
+            json.dumps({"query": q, "candidates": DOCS, "answer": a}) + "\n"
+            for q, a in zip(QUERIES, ANSWERS, strict=True)
+        )
+    )
+    out = tmp_path / "fusion"
+    result = invoke(
+        capfd, "fit", "fusion", corpus, "--lexical", "bm25", "-m", tiny_sbert_dir,
+        "--validation", validation, "-o", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert "chosen on 4 queries" in result.err
+    loaded = load_model(str(out))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"query": q, "candidates": DOCS}) + "\n" for q in QUERIES))
+    result = invoke(capfd, "rerank", tasks, "-m", out)
+    assert result.code == 0, result.err
+    rows = [json.loads(line) for line in result.out.splitlines()]
+    assert len(rows) == len(QUERIES)
+    for row, query in zip(rows, QUERIES, strict=True):
+        expected = loaded.score(query, DOCS)
+        assert [r["text"] for r in row["ranking"]] == [DOCS[i] for i in np.argsort(-expected, kind="stable")]
+        assert [r["score"] for r in row["ranking"]] == sorted(round(float(s), 6) for s in expected)[::-1]
+    # a pair: scored with the saved statistics
+    result = invoke(capfd, "similarity", QUERIES[0], DOCS[0], "-m", out)
+    assert result.code == 0 and float(result.out) == pytest.approx(
+        loaded.pair_scores([QUERIES[0]], [DOCS[0]])[0], abs=1e-6
+    )
+
+
+def test_cli_rerank_a_plain_spec_fits_bm25_on_the_candidates(capfd, tmp_path, tiny_sbert_dir):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"query": q, "candidates": DOCS}) + "\n" for q in QUERIES))
+    result = invoke(capfd, "rerank", tasks, "-m", f"bm25+{tiny_sbert_dir}")
+    assert result.code == 0, result.err
+    assert f"fitted on the {len(DOCS)} candidate documents" in result.err and "default" in result.err
+    first = json.loads(result.out.splitlines()[0])
+    expected = load_model(f"bm25+{tiny_sbert_dir}").fit(DOCS).score(QUERIES[0], DOCS)
+    assert first["ranking"][0]["text"] == DOCS[int(np.argmax(expected))]
+    # a single pair has no candidates to normalise over: a plain spec says what to do instead
+    result = invoke(capfd, "similarity", "a", "b", "-m", f"bm25+{tiny_sbert_dir}")
+    assert result.code != 0 and "fit fusion" in result.err
+
+
+def test_a_fitted_tfidf_folder_and_a_multi_vector_model(tmp_path, tiny_tfidf_dir, tiny_sbert_tokens_dir):
+    from docembed.scoring import maxsim_one_to_many, rank
+
+    docs = [" ".join(f"w{i + j}" for j in range(6)) for i in range(0, 40, 5)]
+    fusion = load_model(f"{tiny_tfidf_dir}+{tiny_sbert_tokens_dir}")
+    assert not fusion.requires_fit and fusion.model.multi_vector  # a fitted folder is used as it is
+    queries = ["w1 w2", "w30 w31 w32"]
+    vectors = fusion.model.encode(queries + docs)
+    for row, query in enumerate(queries):
+        maxsim = maxsim_one_to_many(vectors[row], vectors.select(list(range(2, 2 + len(docs)))))
+        assert list(rank(fusion.score_matrix([query], docs, weight=1.0)[0])) == list(rank(maxsim))
+    fusion.config.weight = 0.3
+    fusion.save(tmp_path / "f")
+    np.testing.assert_array_equal(
+        load_model(str(tmp_path / "f")).score_matrix(queries, docs), fusion.score_matrix(queries, docs)
+    )
+
+
+def test_the_first_part_must_be_lexical(tiny_sbert_dir):
+    from docembed.errors import UsageError
+
+    with pytest.raises(UsageError, match="lexical"):
+        load_model(f"{tiny_sbert_dir}+{tiny_sbert_dir}")
+
+
+def test_long_document_task_fuses_retrieval_and_probes_the_model_part(fusion):
+    from docembed.evaluation.base import EvalOptions
+    from docembed.evaluation.long_documents import IMDBLong
+
+    labels = [0, 0, 1, 1, 0, 1]
+    rows = [{"text": d, "label": y} for d, y in zip(DOCS, labels, strict=True)]
+    task = IMDBLong(DOCS * 2, labels * 2, rows, EvalOptions(cache=False))
+    result = task.run(fusion)
+    alone = task.run(fusion.model)
+    assert result.metrics["accuracy"] == alone.metrics["accuracy"]  # the probe: the model part's features
+    assert any("fusion's model part" in note for note in result.notes)
+    fusion.config.weight = 1.0  # retrieval fused: at weight 1, the model's own ranking
+    assert task.run(fusion).metrics["map@100"] == pytest.approx(alone.metrics["map@100"])
