@@ -73,6 +73,7 @@ def main(
                 for suffix in (".npy", ".ids.txt", ".meta.json")
             )
             result["models"][model] = {
+                "texts": len(rows),
                 "full_s": round(full_s, 3),
                 "reuse_s": round(reuse_s, 3),
                 "startup_s": round(startup, 3),
@@ -84,6 +85,11 @@ def main(
             }
             print(f"{model}: {result['models'][model]}", file=sys.stderr)
     target = BENCH_DIR / "results" / "reuse.json"
+    if target.exists():  # a run of some models keeps the others' rows (each row says its number of texts)
+        earlier = json.loads(target.read_text())
+        for model, row in earlier.get("models", {}).items():
+            row.setdefault("texts", earlier.get("texts"))
+            result["models"].setdefault(model, row)
     target.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
@@ -92,5 +98,6 @@ if __name__ == "__main__":
     os.environ.setdefault("DOCEMBED_DATA", str(BENCH_DIR.parents[1] / "shared" / "data"))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--models", nargs="+", default=["static", "glove-avg"])
     arguments = parser.parse_args()
-    print(json.dumps(main(n=arguments.n), indent=2))
+    print(json.dumps(main(n=arguments.n, models=tuple(arguments.models)), indent=2))

@@ -6,8 +6,8 @@
 2. trains a Paragraph Vector model and fits tf-idf on the corpus (`docembed train-pv`, `docembed fit`);
 3. encodes the corpus with the shipped `nugget` and `student` (the model zoo), sbert (all-MiniLM-L6-v2,
    offline) and the new PV model (`docembed encode`), and shows a few documents' nuggets (`docembed inspect`);
-4. compares two texts (`docembed similarity`), reranks the task with every model (`docembed rerank`) and
-   scores it (MRR);
+4. compares two texts (`docembed similarity`), reranks the task with every model, BM25 and the fusion
+   `tfidf+sbert` (`docembed rerank`) and scores it (MRR);
 5. builds a faiss index and searches it (`docembed index build`, `docembed search`).
 Zoo models whose weights are not in the package yet are skipped with a message (see `docembed models`).
 Everything is run through the `docembed` command, as a user would; outputs land in runs/demo/.
@@ -127,6 +127,9 @@ def main() -> None:
         ("sbert", "sbert"),
         ("sbert-tokens", "sbert-tokens"),
         ("tfidf", str(tfidf_dir)),
+        ("bm25", "bm25"),  # fitted on the task's documents, as rerank does for a corpus-fitted scorer
+        # fusion: z-scores per query, weight 0.5 (`docembed fit fusion` chooses one on validation rows)
+        ("tfidf+sbert", f"{tfidf_dir}+sbert"),
         ("pv", str(pv_dir)),
     ]
     for name, model in rerankers:

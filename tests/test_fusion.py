@@ -209,6 +209,15 @@ def test_a_fitted_tfidf_folder_and_a_multi_vector_model(tmp_path, tiny_tfidf_dir
     for row, query in enumerate(queries):
         maxsim = maxsim_one_to_many(vectors[row], vectors.select(list(range(2, 2 + len(docs)))))
         assert list(rank(fusion.score_matrix([query], docs, weight=1.0)[0])) == list(rank(maxsim))
+    # weight 0 scores as the tfidf model itself does: its own (LSA) vectors, not another representation
+    from docembed.models.fusion import normalize_rows
+
+    tfidf = load_model(tiny_tfidf_dir)
+    assert tfidf.components is not None  # this folder projects (svd_dim), as the default tfidf does
+    own = tfidf.encode(queries) @ tfidf.encode(docs).T
+    np.testing.assert_allclose(
+        fusion.score_matrix(queries, docs, weight=0.0), normalize_rows(own, "zscore"), atol=1e-5
+    )
     fusion.config.weight = 0.3
     fusion.save(tmp_path / "f")
     np.testing.assert_array_equal(

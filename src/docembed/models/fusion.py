@@ -153,8 +153,14 @@ class FusionScorer(Encoder):
 
     def lexical_scores(self, queries: Sequence[str], candidates: Sequence[str], pairs: bool = False):
         """The lexical part's scores: every query against every candidate, or (`pairs`) queries[i] against
-        candidates[i]. tfidf: the cosine of the exact sparse rows; bm25: Okapi BM25."""
+        candidates[i]. tfidf: the cosine of its own vectors (the LSA projection when it has one, else the
+        exact sparse rows), so weight 0 ranks as the tfidf model does; bm25: Okapi BM25."""
         queries, candidates = list(queries), list(candidates)
+        if self.lexical.family == "tfidf" and self.lexical.components is not None:
+            q, c = self.lexical.encode(queries), self.lexical.encode(candidates)
+            if pairs:
+                return (q.astype(np.float64) * c).sum(axis=1)
+            return q.astype(np.float64) @ c.T.astype(np.float64)
         if self.lexical.family == "tfidf":
             q, c = self.lexical.encode_sparse(queries), self.lexical.encode_sparse(candidates)
             if pairs:
