@@ -30,11 +30,7 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 OUT = BENCH_DIR / "results" / "fusion.json"
 sys.path.insert(0, str(BENCH_DIR))
 
-
-def reciprocal_ranks(scores: np.ndarray) -> np.ndarray:
-    """Query i's answer is candidate i; ties with it count against it."""
-    gold = np.diag(scores)
-    return 1.0 / (1 + (scores > gold[:, None]).sum(axis=1) + (scores == gold[:, None]).sum(axis=1) - 1)
+from bench_long import reciprocal_ranks  # noqa: E402  (query i's answer is candidate i; ties against it)
 
 
 def tasks(docs: int) -> dict[str, tuple[list[str], list[str]]]:
