@@ -16,20 +16,13 @@ import gzip
 import json
 import os
 import pathlib
-import subprocess
 import sys
 import tempfile
-import time
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
-DOCEMBED = str(pathlib.Path(sys.executable).with_name("docembed"))
+sys.path.insert(0, str(BENCH_DIR))
 
-
-def _timed(*args: str) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    started = time.perf_counter()
-    subprocess.run([DOCEMBED, "-q", *args], check=True, env=env, capture_output=True)
-    return time.perf_counter() - started
+from bench_index_add import _timed  # noqa: E402  (a docembed command in a fresh process, one thread)
 
 
 def _write(path: pathlib.Path, rows: list[dict]) -> None:

@@ -20,7 +20,7 @@ from docembed.errors import TruncationWarning, UsageError
 from docembed.models.base import Encoder, save_encoder
 from docembed.models.registry import load_model
 from docembed.runtime import progress_shown, resolve_device
-from docembed.scoring import cosine_matrix, maxsim_one_to_many
+from docembed.scoring import score_matrix
 from docembed.types import MultiVectors, Vectors, normalize_vectors
 
 ConvertTo = Literal["numpy", "torch"]
@@ -184,21 +184,14 @@ class Model:
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
-        if isinstance(left, np.ndarray):
-            return cosine_matrix(left, right).astype(np.float32)
-        scores = np.zeros((len(left), len(right)), dtype=np.float32)
-        for row, query in enumerate(left):
-            scores[row] = maxsim_one_to_many(query, right)
-        return scores
+        return score_matrix(left, right)
 
     def _scorer_similarity(self, a, b) -> np.ndarray:
         queries, candidates = ([a] if isinstance(a, str) else a), ([b] if isinstance(b, str) else b)
         if not all(isinstance(t, str) for t in [*queries, *candidates]):
             raise UsageError(f"{self.name} scores texts (it has no embeddings): give texts to similarity")
-        if hasattr(self.encoder, "score_matrix") and hasattr(self.encoder, "lexical"):
-            embed = lambda model, texts: encode_texts(model, texts, label=f"encode [{model.name}]")  # noqa: E731
-            return self.encoder.score_matrix(list(queries), list(candidates), embed=embed).astype(np.float32)
-        return np.stack([self.encoder.score(q, list(candidates)) for q in queries]).astype(np.float32)
+        embed = lambda model, texts: encode_texts(model, texts, label=f"encode [{model.name}]")  # noqa: E731
+        return self.encoder.score_matrix(list(queries), list(candidates), embed=embed).astype(np.float32)
 
     def _as_vectors(self, value) -> Vectors:
         if isinstance(value, str):

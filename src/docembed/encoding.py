@@ -75,15 +75,12 @@ def encode_texts(
     parts = []
     done = 0
     started = time.perf_counter()
-    cap = text_cap(model)
     with progress_bar(label or f"encode [{model.name}]", total=total) as bar:
         for chunk in batched(texts, chunk_size):
             raise_if_interrupted()
             if coverage is not None:
                 coverage.add(model.token_counts(chunk) or [])
-            if cap:
-                chunk = [text[:cap] for text in chunk]
-            parts.append(model.encode(chunk, batch_size=batch_size))
+            parts.append(model.encode(capped(model, chunk), batch_size=batch_size))
             done += len(chunk)
             bar.advance(len(chunk))
             debug(f"encoded chunk {len(parts)} ({done} texts so far)")
@@ -103,6 +100,12 @@ def text_cap(model) -> int | None:
     """How many characters of a text `model` can use (None: it reads the whole text, however long)."""
     max_tokens = getattr(model, "max_tokens", None)
     return max_tokens * CHARS_PER_TOKEN if isinstance(max_tokens, int) and max_tokens > 0 else None
+
+
+def capped(model, texts: Sequence[str]) -> list[str]:
+    """`texts` cut to what `model` can use (`text_cap`), what every encode path hands the model."""
+    cap = text_cap(model)
+    return [text[:cap] for text in texts] if cap else list(texts)
 
 
 def encode_documents(
@@ -355,7 +358,6 @@ def encode_documents_reusing(
     new_digests = bytearray()
     parts = []
     encoded = 0
-    cap = text_cap(model)
     with progress_bar(f"encode --reuse [{model.name}]", total=total) as bar:
         for chunk in batched(documents, chunk_size):
             raise_if_interrupted()
@@ -374,8 +376,7 @@ def encode_documents_reusing(
                     fresh.append(position)
             new = None
             if fresh:
-                wanted = [texts[p][:cap] if cap else texts[p] for p in fresh]
-                new = model.encode(wanted, batch_size=batch_size)
+                new = model.encode(capped(model, [texts[p] for p in fresh]), batch_size=batch_size)
                 encoded += len(fresh)
             parts.append(_merge_rows(len(chunk), old.data, reused, fresh, new))
             bar.advance(len(chunk))

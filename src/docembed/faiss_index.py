@@ -420,7 +420,7 @@ class BM25Index:
         """From (id, text) documents (anything with .id and .text), streamed once."""
         from scipy import sparse
 
-        from docembed.models.baselines import tokenize
+        from docembed.models.baselines import bm25_idf, bm25_weight, tokenize
 
         column: dict[str, int] = {}
         ids, rows, cols, counts, lengths = [], [], [], [], []
@@ -437,10 +437,8 @@ class BM25Index:
         rows_a, cols_a = np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64)
         tf_a, lengths_a = np.asarray(counts, dtype=np.float64), np.asarray(lengths, dtype=np.float64)
         n = len(ids)
-        df = np.bincount(cols_a, minlength=len(column)).astype(np.float64)
-        idf = np.log1p((n - df + 0.5) / (df + 0.5))
-        norm = k1 * (1.0 - b + b * lengths_a / max(lengths_a.mean(), 1e-9))
-        values = idf[cols_a] * tf_a * (k1 + 1.0) / (tf_a + norm[rows_a])
+        idf = bm25_idf(np.bincount(cols_a, minlength=len(column)), n)
+        values = bm25_weight(tf_a, lengths_a[rows_a], idf[cols_a], lengths_a.mean(), k1, b)
         weights = sparse.csc_matrix((values, (rows_a, cols_a)), shape=(n, len(column)))
         metadata = {
             "index_kind": BM25_KIND,

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from docembed.encoding import Coverage, text_cap
+from docembed.encoding import Coverage, capped
 from docembed.errors import DocembedError
 from docembed.io.readers import Document, batched
 from docembed.runtime import progress_bar, raise_if_interrupted
@@ -71,10 +71,7 @@ def encode_piece(
     """One piece as the one-process encode loop treats a chunk: token counts (for the coverage note), the
     character cap, `model.encode`."""
     counts = (model.token_counts(texts) or []) if count else None
-    cap = text_cap(model)
-    if cap:
-        texts = [text[:cap] for text in texts]
-    return model.encode(texts, batch_size=batch_size), counts
+    return model.encode(capped(model, texts), batch_size=batch_size), counts
 
 
 def encode_documents_in_processes(

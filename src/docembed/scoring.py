@@ -121,6 +121,19 @@ def score_one_to_many(query: Vectors, candidates: Vectors) -> np.ndarray:
     return (cosine_matrix(np.asarray(query).reshape(1, -1), candidates)[0]).astype(np.float32)
 
 
+def score_matrix(queries: Vectors, candidates: Vectors) -> np.ndarray:
+    """Scores of every query against every candidate, (len(queries), len(candidates)) float32: cosine
+    (dense) or mean-MaxSim with the queries as queries (multi-vector, one query at a time)."""
+    if isinstance(queries, MultiVectors) != isinstance(candidates, MultiVectors):
+        raise ValueError("cannot compare dense with multi-vector embeddings")
+    if not isinstance(queries, MultiVectors):
+        return cosine_matrix(np.asarray(queries), np.asarray(candidates)).astype(np.float32)
+    scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
+    for row in range(len(queries)):
+        scores[row] = maxsim_one_to_many(queries[row], candidates)
+    return scores
+
+
 def rank(scores: np.ndarray) -> np.ndarray:
     """Indices best first; ties keep input order (stable)."""
     return np.argsort(-scores, kind="stable")

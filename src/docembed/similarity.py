@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from docembed.encoding import text_cap
+from docembed.encoding import capped
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
@@ -57,8 +57,7 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
 
 def _encode(model: Encoder, texts: Sequence[str], batch_size: int) -> Vectors:
     """model.encode on what the model reads of each text (a huge text is cut first, as encode_texts does)."""
-    cap = text_cap(model)
-    return model.encode([t[:cap] for t in texts] if cap else list(texts), batch_size=batch_size)
+    return model.encode(capped(model, texts), batch_size=batch_size)
 
 
 def _take(vectors: Vectors, index: int) -> Vectors:

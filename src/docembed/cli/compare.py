@@ -113,13 +113,12 @@ def rerank(
         for row in ranked:
             if top_k:
                 row["ranking"] = row["ranking"][:top_k]
-            if output_format == "trec":
-                if "source" not in row:
-                    raise UsageError("--output-format trec needs id rows {source, candidates: [ids]}")
+            if output_format != "trec":
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            elif "source" in row:
                 handle.write(trec_lines(row["source"], row["ranking"], run_tag))
-                n += 1
-                continue
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            else:
+                raise UsageError("--output-format trec needs id rows {source, candidates: [ids]}")
             n += 1
         return n
 

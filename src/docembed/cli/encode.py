@@ -170,7 +170,7 @@ def encode(
         encoder.set_workers(workers)
     total = len(documents) if input != "-" and _progress_wanted() else None
     coverage = coverage_of(encoder)
-    hashed = HashedDocuments(documents)  # each text's hash, for a later --reuse
+    hashed = None if reuse else HashedDocuments(documents)  # each text's hash, for a later --reuse
     if reuse:
         embeddings = _encode_reusing(encoder, documents, reuse, batch_size, total, coverage)
     elif in_processes:
@@ -192,7 +192,7 @@ def encode(
         )
     else:
         embeddings = encode_documents(encoder, hashed, batch_size=batch_size, total=total, coverage=coverage)
-    if not reuse:
+    if hashed is not None:
         embeddings.metadata.update(reuse_metadata(encoder, hashed.digests))
     if coverage is not None and coverage.documents_cut:
         log(f"note: {coverage.summary(encoder.name)}")

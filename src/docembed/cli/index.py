@@ -213,14 +213,13 @@ def search(
     def rows():
         liked = vector_index.more_like(more_like, k) if more_like else []
         for doc_id, hits in zip(more_like or [], liked, strict=True):
-            yield {"query_id": doc_id, "results": [{"id": i, "score": round(s, 6)} for i, s in hits]}
+            yield {"query_id": doc_id, "results": _results(hits)}
         if not query and not queries:
             return
         if bm25 is not None:  # lexical first stage: no model
             for chunk in batched(query_items(), 256):
                 for (qid, text), hits in zip(chunk, bm25.search_texts([t for _, t in chunk], k), strict=True):
-                    results = [{"id": i, "score": round(s, 6)} for i, s in hits]
-                    yield {"query_id": qid, "query": text, "results": results}
+                    yield {"query_id": qid, "query": text, "results": _results(hits)}
             return
         spec = model or vector_index.metadata.get("model_source") or vector_index.metadata.get("model")
         if not spec:
@@ -236,8 +235,7 @@ def search(
         for chunk in batched(query_items(), 256):
             vectors = encode_texts(encoder, [text for _, text in chunk], batch_size=batch_size)
             for (qid, text), hits in zip(chunk, vector_index.search(vectors, k), strict=True):
-                results = [{"id": i, "score": round(s, 6)} for i, s in hits]
-                yield {"query_id": qid, "query": text, "results": results}
+                yield {"query_id": qid, "query": text, "results": _results(hits)}
 
     found = rows()
     if text_from:
@@ -248,6 +246,10 @@ def search(
                 handle.write(trec_lines(row["query_id"], row["results"], run_tag))
             else:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _results(hits: list[tuple[str, float]]) -> list[dict]:
+    return [{"id": doc_id, "score": round(score, 6)} for doc_id, score in hits]
 
 
 def _with_texts(rows: list[dict], corpus: str, id_field: str, text_field: str) -> list[dict]:

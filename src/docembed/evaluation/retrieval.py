@@ -15,11 +15,9 @@ K_MAP, K_PRECISION, K_NEIGHBOURS = 100, 10, 10
 
 
 def scorer_rows(task, model, queries: list[str], candidates: list[str]) -> list[np.ndarray]:
-    """A scorer's rows (bm25: score(query, candidates); a fusion: its score_matrix, the model part embedded
-    through the task's cache), one per query over all candidates."""
-    if hasattr(model, "score_matrix") and hasattr(model, "lexical"):
-        return list(model.score_matrix(queries, candidates, embed=task.embed))
-    return [np.asarray(model.score(query, candidates)) for query in queries]
+    """A scorer's rows (bm25, a fusion: its score_matrix; a fusion's model part is embedded through the
+    task's cache), one per query over all candidates."""
+    return list(model.score_matrix(queries, candidates, embed=task.embed))
 
 
 def similarity_rows(task, model, texts: list[str]) -> Iterable[np.ndarray]:

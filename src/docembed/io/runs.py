@@ -34,10 +34,7 @@ def trec_lines(qid: str, hits: list[dict], tag: str) -> str:
 def read_run(path: str | Path) -> dict[str, dict[str, float]]:
     """{qid: {docid: score}} from a TREC run file or from `search` / `rerank` JSONL output."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise DocembedError(f"cannot read {path}: {error.strerror or error}") from None
+    text = _read_text(path)
     run: dict[str, dict[str, float]] = {}
     for line_number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -60,6 +57,13 @@ def read_run(path: str | Path) -> dict[str, dict[str, float]]:
     return run
 
 
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise DocembedError(f"cannot read {path}: {error.strerror or error}") from None
+
+
 def _jsonl_row(path: Path, line_number: int, line: str) -> tuple[str, list[tuple[str, float]]]:
     try:
         row = json.loads(line)
@@ -76,10 +80,7 @@ def _jsonl_row(path: Path, line_number: int, line: str) -> tuple[str, list[tuple
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """{qid: {docid: relevance}} from a TREC qrels file (`qid iteration docid relevance`)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise DocembedError(f"cannot read {path}: {error.strerror or error}") from None
+    text = _read_text(path)
     qrels: dict[str, dict[str, int]] = {}
     for line_number, line in enumerate(text.splitlines(), 1):
         fields = line.split()

@@ -22,7 +22,6 @@ names a word2vec/GloVe text file (a `count dim` header line is recognised and sk
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -202,6 +201,19 @@ class TfidfEncoder(FittedBaseline):
 
 
 # --- BM25 -------------------------------------------------------------------------------------------------
+def bm25_idf(doc_freq, num_docs: int):
+    """ln(1 + (N - df + 0.5) / (df + 0.5)), elementwise (never negative)."""
+    df = np.asarray(doc_freq, dtype=np.float64)
+    return np.log1p((num_docs - df + 0.5) / (df + 0.5))
+
+
+def bm25_weight(tf, lengths, idf, avg_len: float, k1: float, b: float):
+    """Okapi BM25's weight of a term in a document, elementwise: idf tf (k1 + 1) / (tf + k1 (1 - b + b
+    length / avg_len)); what BM25Scorer sums per query and BM25Index (faiss_index.py) precomputes."""
+    norm = k1 * (1.0 - b + b * np.asarray(lengths, dtype=np.float64) / max(avg_len, 1e-9))
+    return idf * tf * (k1 + 1.0) / (tf + norm)
+
+
 @dataclass
 class BM25Config(EncoderConfig):
     k1: float = 1.2
@@ -244,16 +256,16 @@ class BM25Scorer(FittedBaseline):
         return self
 
     def idf(self, term: str) -> float:
-        df = self.doc_freq.get(term, 0)
-        return math.log(1.0 + (self.num_docs - df + 0.5) / (df + 0.5))
+        return float(bm25_idf(self.doc_freq.get(term, 0), self.num_docs))
 
     def score(self, query: str, candidates: Sequence[str]) -> np.ndarray:
         """BM25 of each candidate document for `query` (its terms counted with multiplicity once each)."""
         return self.score_matrix([query], candidates)[0]
 
-    def score_matrix(self, queries: Sequence[str], candidates: Sequence[str]) -> np.ndarray:
+    def score_matrix(self, queries: Sequence[str], candidates: Sequence[str], embed=None) -> np.ndarray:
         """BM25 of every candidate for every query, (len(queries), len(candidates)) float32: the candidates
-        are tokenized once into a term-count matrix, each query reads its terms' columns."""
+        are tokenized once into a term-count matrix, each query reads its terms' columns. (`embed` is the
+        scorers' shared signature: a fusion embeds its model part with it; BM25 has none.)"""
         from collections import Counter
 
         from scipy.sparse import csr_matrix
@@ -271,15 +283,15 @@ class BM25Scorer(FittedBaseline):
             lengths.append(len(tokens))
         shape = (len(candidates), max(len(vocab), 1))
         tf = csr_matrix((np.asarray(counts, dtype=np.float64), indices, indptr), shape=shape).tocsc()
-        norm = k1 * (1.0 - b + b * np.asarray(lengths, dtype=np.float64) / max(self.avg_len, 1e-9))
+        lengths = np.asarray(lengths, dtype=np.float64)[:, None]
         scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
         for row, query in enumerate(queries):
             terms = sorted(t for t in set(tokenize(query, self.config.lowercase)) if t in vocab)
             if not terms:
                 continue
             found = tf[:, [vocab[t] for t in terms]].toarray()  # (candidates, query terms)
-            idf = np.array([self.idf(t) for t in terms])
-            scores[row] = (found * (k1 + 1.0) / (found + norm[:, None]) * idf).sum(axis=1)
+            idf = bm25_idf([self.doc_freq.get(t, 0) for t in terms], self.num_docs)
+            scores[row] = bm25_weight(found, lengths, idf, self.avg_len, k1, b).sum(axis=1)
         return scores
 
     def encode(self, texts: Sequence[str], batch_size: int = 32):

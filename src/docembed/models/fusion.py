@@ -30,7 +30,7 @@ import numpy as np
 from docembed.errors import CorruptModelError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, read_config, save_encoder
 from docembed.models.families import register
-from docembed.types import MultiVectors, Vectors
+from docembed.types import Vectors
 
 NORMALIZATIONS = ("zscore", "minmax", "rrf")
 LEXICAL_FAMILIES = ("tfidf", "bm25")
@@ -88,14 +88,6 @@ def fuse(lexical: np.ndarray, model: np.ndarray, weight: float, method: str, rrf
     )
 
 
-def _model_scores(queries: Vectors, candidates: Vectors) -> np.ndarray:
-    from docembed.scoring import cosine_matrix, maxsim_one_to_many
-
-    if isinstance(queries, MultiVectors):
-        return np.stack([maxsim_one_to_many(queries[i], candidates) for i in range(len(queries))])
-    return cosine_matrix(np.asarray(queries), np.asarray(candidates))
-
-
 @register
 class FusionScorer(Encoder):
     """A lexical scorer and a docembed model, fused per query (see the module docstring)."""
@@ -148,7 +140,9 @@ class FusionScorer(Encoder):
         """The raw scores of each part, (len(queries), len(candidates)) each: lexical, model."""
         queries, candidates = list(queries), list(candidates)
         embed = embed or (lambda model, texts: model.encode(texts))
-        model = _model_scores(embed(self.model, queries), embed(self.model, candidates))
+        from docembed.scoring import score_matrix
+
+        model = score_matrix(embed(self.model, queries), embed(self.model, candidates))
         return self.lexical_scores(queries, candidates), np.asarray(model, dtype=np.float64)
 
     def lexical_scores(self, queries: Sequence[str], candidates: Sequence[str], pairs: bool = False):
