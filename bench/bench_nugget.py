@@ -10,11 +10,13 @@ picks (the paper's Figure 5); its encode time against the plain encoder's forwar
 Training data (`--make-pairs`: `docembed.training.nugget_recipe.write_training_pairs`): paraphrase pairs,
 both directions, from PI *train* (task source -> gold candidate, the task's other candidates as hard
 negatives) without the held-out queries, plus STS-B and SICK *train* pairs scored >= 4 (not with
-`--pi-only`, which the shipped model's recipe uses). The held-out check: the last 256 PI train queries,
-whose source and gold documents are never trained on. PI is scored by the evaluation harness (shuffled
-candidates, pessimistic ties), all 1,024 dev queries; tfidf sees whole documents. The IDF selector's table
-is fitted on the training text, as `train-nugget` fits the shipped model's. Reconstruction BLEU is measured
-only for a model trained with a decoder objective (ae / mt).
+`--pi-only`, which the shipped model's recipe uses); `--halves N` adds the two halves of N long IMDB /
+20NG *train* documents, none in halves-val (tried in issue 30, not shipped: zoo/nugget/card.md). The
+held-out check: the last 256 PI train queries, whose source and gold documents are never trained on. PI
+is scored by the evaluation harness (shuffled candidates, pessimistic ties), all 1,024 dev queries; tfidf
+sees whole documents. The IDF selector's table is fitted on the training text, as `train-nugget` fits the
+shipped model's. Reconstruction BLEU is measured only for a model trained with a decoder objective (ae /
+mt).
 The quick mode (`main(full=False)`, `make bench`) uses 256 dev queries.
 """
 
@@ -177,6 +179,24 @@ def pair_with_rule(table: dict, split: str) -> None:
 def _split_texts(split: str) -> list[str]:
     """Every document the harness embeds on the split (dev: all queries; train: the held-out ones)."""
     return _evaluator(split, None).evaluated_texts()
+
+
+def long_training_documents(count: int, seed: int = 7) -> list[str]:
+    """`count` long IMDB and 20NG *train* documents (half from each, seeded), none of them in halves-val
+    (the validation task a halves-trained model is chosen on)."""
+    import numpy as np
+
+    from docembed.evaluation import EvalOptions
+    from docembed.evaluation.long_documents import HalvesValidation, long_rows
+
+    held = set(HalvesValidation.from_data_root(EvalOptions()).documents)
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for name in HalvesValidation.datasets:
+        rows = [r["text"] for r in long_rows(name, None, rng, 10**9) if r["text"] not in held]
+        picked = rng.choice(len(rows), size=min(count // 2, len(rows)), replace=False)
+        chosen += [rows[i] for i in sorted(picked)]
+    return chosen
 
 
 def main(
@@ -400,11 +420,19 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="256 dev queries instead of all 1,024.")
     parser.add_argument("--make-pairs", type=Path, help="Only write the training pairs to this file.")
     parser.add_argument("--pi-only", action="store_true", help="--make-pairs: PI train pairs only (no STS).")
+    parser.add_argument(
+        "--halves",
+        type=int,
+        default=0,
+        help="--make-pairs: also the halves of this many long IMDB / 20NG *train* documents (half each), "
+        "none of them in the halves-val task.",
+    )
     args = parser.parse_args()
     if args.make_pairs:
         from docembed.training.nugget_recipe import write_training_pairs
 
-        counts = write_training_pairs(args.make_pairs, sts=not args.pi_only)
+        halves = long_training_documents(args.halves) if args.halves else []
+        counts = write_training_pairs(args.make_pairs, sts=not args.pi_only, halves_of=halves)
         print(f"pairs {counts} -> {args.make_pairs}", file=sys.stderr)
     else:
         variants = dict(v.split("=", 1) for v in args.variant)

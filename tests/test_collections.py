@@ -383,3 +383,35 @@ def test_merged_shards_keep_their_text_hashes_so_reuse_works(capfd, tmp_path, ti
         capfd, "encode", v2, "-m", tiny_tfidf_dir, "--reuse", tmp_path / "old.npy", "-o", tmp_path / "r.npy"
     )
     assert result.code == 0 and "encoded 2 new or changed of 5 documents" in result.err, result.err
+
+
+@pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw"])
+@pytest.mark.parametrize("storage", ["float16", "int8"])
+def test_smaller_index_storage_ranks_as_float32_does_in_fewer_bytes(capfd, tmp_path, kind, storage):
+    from docembed.faiss_index import VectorIndex
+    from docembed.types import MultiVectors
+
+    rng = np.random.default_rng(5)
+    sets = [_unit(rng, int(n), 32) for n in rng.integers(3, 9, size=120)]
+    ids = [f"d{i}" for i in range(len(sets))]
+    save_embeddings(EmbeddingSet(MultiVectors.from_list(sets), ids, {"model": "m"}), str(tmp_path / "e.npz"))
+    for name in ("float32", storage):
+        built = invoke(
+            capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / name, "-t", kind, "--storage", name
+        )
+        assert built.code == 0, built.err
+    small, full = VectorIndex.load(tmp_path / storage), VectorIndex.load(tmp_path / "float32")
+    assert small.metadata["storage"] == storage
+    size = {n: sum(f.stat().st_size for f in (tmp_path / n).iterdir()) for n in ("float32", storage)}
+    assert size[storage] < size["float32"]
+    if kind != "hnsw":  # an HNSW graph's links (32 per node) outweigh 32-d vectors
+        assert size[storage] < (0.65 if storage == "float16" else 0.45) * size["float32"]
+    queries = MultiVectors.from_list(sets[:20])
+    same = [
+        a[0][0] == b[0][0] for a, b in zip(small.search(queries, 3), full.search(queries, 3), strict=True)
+    ]
+    assert sum(same) >= 19  # each document finds itself first in both (rounding may swap a near tie)
+    refused = invoke(
+        capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "b", "-t", "bm25", "--storage", storage
+    )
+    assert refused.code != 0 and "--storage is for faiss indexes" in refused.err

@@ -129,6 +129,7 @@ def test_label_retrieval_from_documents_and_labels():
     documents = ["alpha"] * 3 + ["bravo"] * 3
     result = LabelRetrieval(documents, [0, 0, 0, 1, 1, 1], NO_CACHE).run(model())
     assert result.metrics["map@100"] == pytest.approx(100.0)  # both same-label documents rank first
+    assert result.metrics["per_item"]["map@100"] == [1.0] * 6  # one average precision per query
     assert result.metrics["p@10"] == pytest.approx(100 * 2 / 10)
     # each document's 5 neighbours: 2 of its label, 3 of the other -> the vote is always wrong
     assert result.metrics["knn_accuracy"] == 0.0
@@ -150,6 +151,21 @@ def test_halves_from_documents():
     assert tied["mrr"] == pytest.approx(100 / 3) and tied["documents"] == 3
     found = Halves([f"{a} {a} {a} {a}" for a in WORDS[:4]], NO_CACHE).run(model()).metrics
     assert found["mrr"] == pytest.approx(100.0) and found["mrr_se"] == 0.0
+
+
+def test_paired_retrieval_ranks_each_answer_among_all_and_refuses_unequal_lists():
+    from docembed.errors import UsageError
+    from docembed.evaluation import PairedRetrieval
+
+    queries = [f"{a} {a}" for a in WORDS[:4]]
+    answers = [f"{a} {a} {a}" for a in WORDS[:4]]
+    found = PairedRetrieval(queries, answers, NO_CACHE).run(model()).metrics
+    assert found["mrr"] == pytest.approx(100.0) and found["queries"] == 4
+    assert found["per_item"]["mrr"] == [1.0] * 4
+    swapped = PairedRetrieval(queries, answers[1:] + answers[:1], NO_CACHE).run(model()).metrics
+    assert swapped["top1"] == 0.0  # each query's answer is now another word's: never first
+    with pytest.raises(UsageError, match="3 queries but 4 answers"):
+        PairedRetrieval(queries[:3], answers, NO_CACHE)
 
 
 # --- the data-root classmethods read what the registry reads ------------------------------------------------

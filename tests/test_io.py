@@ -109,6 +109,55 @@ def test_round_trip_every_container(tmp_path, fmt, make):
         np.testing.assert_allclose(loaded.data, original.data, rtol=1e-6)
 
 
+@pytest.mark.parametrize("fmt", ["npy", "npz", "safetensors"])
+@pytest.mark.parametrize("make", [dense_set, multi_set])
+@pytest.mark.parametrize(("storage", "tolerance"), [("float16", 1e-3), ("int8", 4e-3)])
+def test_smaller_storage_reads_back_as_float32_within_its_rounding(tmp_path, fmt, make, storage, tolerance):
+    original = make()
+    path = str(tmp_path / f"small.{fmt}")
+    save_embeddings(original, path, storage=storage)
+    loaded = load_embeddings(path)
+    vectors = loaded.data.vectors if original.is_multi else loaded.data
+    reference = original.data.vectors if original.is_multi else original.data
+    assert vectors.dtype == np.float32 and loaded.metadata["storage"] == storage
+    scale = np.abs(reference).max(axis=1, keepdims=True, initial=0.0)  # errors relative to each vector
+    assert (np.abs(vectors - reference) <= tolerance * np.maximum(scale, 1e-12)).all()
+    if original.is_multi:
+        np.testing.assert_array_equal(loaded.data.offsets, original.data.offsets)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "npz", "safetensors"])
+def test_smaller_storage_takes_half_and_a_quarter_of_the_bytes(tmp_path, fmt):
+    vectors = np.random.default_rng(0).standard_normal((300, 64)).astype(np.float32)
+    emb = EmbeddingSet(MultiVectors(vectors, np.array([0, 100, 300])), ["a", "b"])
+    sizes = {}
+    for storage in ("float32", "float16", "int8"):
+        folder = tmp_path / storage
+        folder.mkdir()
+        save_embeddings(emb, str(folder / f"e.{fmt}"), storage=storage)
+        sizes[storage] = sum(f.stat().st_size for f in folder.iterdir())
+    assert sizes["float16"] / sizes["float32"] < 0.55
+    assert sizes["int8"] / sizes["float32"] < 0.3
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_smaller_storage_is_refused_by_text_and_parquet_outputs(tmp_path, fmt):
+    with pytest.raises(UsageError, match="--storage int8 is for npy, npz and safetensors"):
+        save_embeddings(dense_set(), str(tmp_path / f"e.{fmt}"), storage="int8")
+    with pytest.raises(UsageError, match="unknown storage"):
+        save_embeddings(dense_set(), str(tmp_path / "e.npz"), storage="int4")
+
+
+def test_int8_storage_is_idempotent_and_keeps_zero_vectors(tmp_path):
+    data = np.array([[0.0, 0.0, 0.0], [0.5, -1.0, 0.25]], dtype=np.float32)
+    path = str(tmp_path / "e.npz")
+    save_embeddings(EmbeddingSet(data, ["zero", "v"]), path, storage="int8")
+    once = load_embeddings(path).data
+    assert np.array_equal(once[0], [0, 0, 0]) and once[1][1] == pytest.approx(-1.0)
+    save_embeddings(EmbeddingSet(once, ["zero", "v"]), path, storage="int8")  # re-stored: the same values
+    assert np.array_equal(load_embeddings(path).data, once)
+
+
 def test_parquet_is_readable_by_other_tools(tmp_path):
     import pyarrow.parquet as pq
 

@@ -116,6 +116,29 @@ def test_cli_train_nugget_sim_with_frozen_encoder_and_idf_prior(tiny_bert_dir, t
     assert model.config.ratio == 0.25  # trained selecting at 0.5, it encodes at --ratio
     assert float(model.model.idf.max()) > 1.0  # the table was fitted on the training text and saved
 
+    # encode with the rules it is measured against, a cap, and vectors stored in int8
+    from docembed.io.embeddings import load_embeddings
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(t for t in TEXTS if t) + "\n")
+    base = ["-q", "encode", str(docs), "-m", str(tmp_path / "model")]
+    for selector in ("idf", "prune", "pool"):
+        out = tmp_path / f"{selector}.npz"
+        result = CliRunner().invoke(app, [*base, "--selector", selector, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        assert load_embeddings(str(out)).metadata["count"] == 3
+    capped = CliRunner().invoke(
+        app, [*base, "--ratio", "1", "--max-vectors", "2", "-o", str(tmp_path / "c.npz")]
+    )
+    assert capped.exit_code == 0, capped.output
+    assert max(load_embeddings(str(tmp_path / "c.npz")).data.counts) == 2
+    stored = CliRunner().invoke(app, [*base, "--storage", "int8", "-o", str(tmp_path / "s.npy")])
+    assert stored.exit_code == 0, stored.output
+    assert load_embeddings(str(tmp_path / "s.npy")).metadata["storage"] == "int8"
+    refused = CliRunner().invoke(app, [*base, "--storage", "int8", "-o", str(tmp_path / "s.jsonl")])
+    assert refused.exit_code != 0 and "npy, npz and safetensors" in str(refused.exception)
+    assert not (tmp_path / "s.jsonl").exists()
+
 
 def test_cli_train_nugget_refuses_negatives_that_are_not_texts(tmp_path):
     from typer.testing import CliRunner

@@ -361,3 +361,100 @@ def test_models_saved_before_the_new_options_still_load(minilm_tokenizer, tmp_pa
     loaded = load_model(str(tmp_path / "m"))
     assert loaded.config.freeze == "bottom" and loaded.config.idf_prior == 0.0
     assert np.allclose(loaded.encode(TEXTS).vectors, encoder.encode(TEXTS).vectors, atol=1e-5)
+
+
+# --- the rules NUGGET is measured against: static pruning, token pooling, a cap ----------------------------
+
+
+def test_pruning_drops_the_most_frequent_vocabulary_entries_everywhere():
+    from docembed.models.nugget import select_unfrequent
+
+    idf = torch.tensor([0.5, 1.0, 5.0, 3.0, 4.0, 2.0])  # entries 0 and 1 are the two most frequent
+    ids = torch.tensor([[1, 4, 2, 1, 5, 3], [1, 0, 1, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])
+    indices, slots = select_unfrequent(ids, mask, idf, frequent=2)
+    assert indices[0][slots[0]].tolist() == [1, 2, 4, 5]  # k varies: every token but ids 0 and 1
+    assert indices[1][slots[1]].tolist() == [0]  # nothing left: the token of highest IDF stays
+    capped, capped_slots = select_unfrequent(ids, mask, idf, frequent=2, cap=2)
+    assert capped[0][capped_slots[0]].tolist() == [1, 2]  # the two of highest IDF, in text order
+
+
+def test_hierarchical_pooling_averages_clusters_in_text_order():
+    from docembed.models.nugget import pool_hierarchical
+
+    a, b = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
+    states = torch.stack([b, a, a * 2, b * 3, a])[None]  # two directions: tokens {1, 2, 4} and {0, 3}
+    mask = torch.ones((1, 5), dtype=torch.long)
+    means, positions, slots = pool_hierarchical(states, mask, torch.tensor([2]))
+    assert positions[0].tolist() == [0, 1] and slots[0].tolist() == [True, True]
+    assert torch.allclose(means[0], torch.stack([b, a]))  # means of the unit vectors of each cluster
+    same, _, _ = pool_hierarchical(states, mask, torch.tensor([5]))  # k = n: every token, unchanged
+    assert torch.allclose(same[0], torch.nn.functional.normalize(states[0], dim=-1))
+
+
+@pytest.mark.parametrize("selector", ["idf", "prune", "pool", "chunk", "scorer"])
+def test_every_selector_encodes_through_the_model_and_caps(minilm_tokenizer, selector):
+    encoder = tiny_nugget(minilm_tokenizer, selector=selector, feedback=selector != "pool", idf_prior=1.0)
+    encoder.fit_idf(TEXTS)
+    vectors = encoder.encode(TEXTS)
+    n = [len(ids) for ids in encoder.tokenize(TEXTS)]
+    counts = np.diff(vectors.offsets)
+    if selector != "prune":
+        assert counts.tolist() == [math.ceil(0.25 * length - 1e-9) for length in n]
+    assert np.isfinite(vectors.vectors).all()
+    assert np.allclose(np.linalg.norm(vectors.vectors, axis=1), 1.0, atol=1e-5)
+    encoder.set_ratio(1.0)
+    encoder.set_selection(max_nuggets=3)
+    assert np.diff(encoder.encode(TEXTS).offsets).max() <= 3
+    encoder.set_selection(max_nuggets=None)
+    if selector != "prune":
+        assert np.diff(encoder.encode(TEXTS).offsets).tolist() == n
+
+
+def test_selection_needs_an_idf_table_and_pooling_no_feedback(minilm_tokenizer):
+    from docembed.errors import UsageError
+
+    plain = tiny_nugget(minilm_tokenizer)  # trained scorer, no IDF table
+    with pytest.raises(UsageError, match="IDF table"):
+        plain.set_selection("prune")
+    with pytest.raises(UsageError, match="feedback"):
+        plain.set_selection("pool")
+    with pytest.raises(UsageError, match="max_nuggets"):
+        plain.set_selection(max_nuggets=0)
+
+
+def test_shared_token_states_give_what_encode_gives_for_every_selection_and_windows(minilm_tokenizer):
+    encoder = tiny_nugget(
+        minilm_tokenizer, freeze="encoder+value", feedback=False, idf_prior=1.0, max_length=16
+    )
+    encoder.fit_idf(TEXTS)
+    long_texts = [*TEXTS, " ".join(TEXTS * 4)]  # the last one spans several 16-token windows
+    states: dict = {}
+    windows = []
+    for selector, aggregate in (("scorer", "none"), ("idf", "none"), ("pool", "none"), ("prune", "assign")):
+        encoder.set_selection(selector, aggregate=aggregate)
+        direct = encoder.encode(long_texts)
+        with encoder.sharing_states(states):
+            shared = encoder.encode(long_texts)
+        windows.append(len(states))
+        assert np.array_equal(direct.offsets, shared.offsets)
+        assert np.array_equal(direct.positions, shared.positions)
+        assert np.allclose(direct.vectors, shared.vectors, atol=1e-5)
+    # one entry per distinct window, computed by the first model only; the long text has several
+    assert windows == [windows[0]] * 4 and windows[0] > len(long_texts)
+
+
+def test_assign_makes_each_nugget_the_mean_of_the_tokens_nearest_it():
+    from docembed.models.nugget import assign_to_nuggets
+
+    a, b, c = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0]), torch.tensor([0.6, 0.8])
+    states = torch.stack([a, b * 2, c, a * 3, b])[None]  # padding: the last token
+    mask = torch.tensor([[1, 1, 1, 1, 0]])
+    seeds = torch.stack([a, b])[None]  # nuggets at tokens 0 and 1
+    slots = torch.tensor([[True, True]])
+    means = assign_to_nuggets(states, mask, seeds, slots)
+    # a joins {0, 3}; b joins {1, 2} (c is nearer b: 0.8 > 0.6); the padded b is nobody's member
+    assert torch.allclose(means[0], torch.stack([a, (b + c) / 2]))
+    half = assign_to_nuggets(states, mask, seeds, slots, weight=0.5)
+    assert torch.allclose(half[0], torch.stack([a, 0.5 * b + 0.25 * (b + c)]))
+    assert torch.allclose(assign_to_nuggets(states, mask, seeds, slots, weight=0.0), seeds)

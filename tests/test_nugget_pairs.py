@@ -54,3 +54,15 @@ def test_sts_pairs_scored_four_or_more_join_without_negatives(tmp_path):
     assert counts == {"pi_train": 1, "senteval/stsb-train": 2, "senteval/sick-train": 2}
     rows = [json.loads(line) for line in (tmp_path / "pairs.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 2 * 5 and {"source": "stsb a4.0", "target": "stsb b4.0"} in rows
+
+
+def test_halves_of_long_documents_join_as_pairs_without_negatives(tmp_path):
+    root = tmp_path / "data"
+    _pi_train(root, trainable=1)
+    documents = ["one two three four five six", "alpha beta gamma", "x"]
+    counts = write_training_pairs(tmp_path / "p.jsonl", sts=False, data_root=str(root), halves_of=documents)
+    assert counts == {"pi_train": 1, "halves": 2}  # "x" has no first half
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert {"source": "one two three", "target": "four five six"} in rows
+    assert {"source": "beta gamma", "target": "alpha"} in rows  # both directions, cut at the middle word
+    assert all("negatives" not in row for row in rows[-4:])

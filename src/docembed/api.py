@@ -17,7 +17,7 @@ import numpy as np
 
 from docembed.encoding import coverage_of, encode_texts
 from docembed.errors import TruncationWarning, UsageError
-from docembed.models.base import Encoder, save_encoder
+from docembed.models.base import Encoder, EncodeSettings, save_encoder
 from docembed.models.registry import load_model
 from docembed.runtime import progress_shown, resolve_device
 from docembed.scoring import score_matrix
@@ -36,6 +36,8 @@ def load(
     long_documents: str | None = None,
     backend: str | None = None,
     precision: str | None = None,
+    selector: str | None = None,
+    max_vectors: int | None = None,
     prompts: dict[str, str] | None = None,
 ) -> Model:
     """A model by built-in name (`sbert`, `nugget`, `student`, ...: `docembed models` lists them), saved
@@ -45,16 +47,13 @@ def load(
     vectors kept. long_documents: "truncate" or "windows" (sbert, nugget: a document longer than one pass
     is cut, or read whole in windows; `max_tokens` is then None). backend / precision: the inference engine
     and arithmetic of the transformer families (`precision="int8"` quantises the model's weights for speed;
-    it is not the embeddings' storage type, see `quantize_embeddings`). prompts: text put before a query /
+    it is not the embeddings' storage type, see `quantize_embeddings`). selector / max_vectors: NUGGET's
+    choice of token vectors, the learned "scorer" or a rule ("idf", "prune", "pool", "chunk"), and a cap
+    per window (docs/nugget_baselines.md). prompts: text put before a query /
     document by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
     instructions."""
-    encoder = load_model(str(name_or_dir), device=resolve_device(device))
-    if ratio is not None:
-        encoder.set_ratio(ratio)
-    if long_documents is not None:
-        encoder.set_long_documents(long_documents)
-    if backend or precision:
-        encoder.set_inference(backend, precision)
+    settings = EncodeSettings(ratio, long_documents, backend, precision, selector, max_vectors)
+    encoder = settings.apply(load_model(str(name_or_dir), device=resolve_device(device)))
     return Model(encoder, prompts=prompts)
 
 

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
+from docembed.io.embeddings import STORAGES, restored_vectors, stored_arrays
 from docembed.io.outputs import DirectoryKind, atomic_path
 from docembed.scoring import maxsim_one_to_many
-from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
+from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors, l2_normalize
 
 KINDS = ("flat", "hnsw", "ivf")
 
@@ -49,21 +50,35 @@ def _faiss():
     return faiss
 
 
-def _build_faiss(vectors: np.ndarray, kind: str):
+def _build_faiss(vectors: np.ndarray, kind: str, storage: str = "float32"):
+    """A faiss index of `kind` over `vectors`, holding them as `storage` says: float32 as they are,
+    float16 / int8 through faiss' scalar quantizers (int8: a range per dimension, trained on `vectors`)."""
     faiss = _faiss()
-    dim = vectors.shape[1]
-    if kind == "flat":
+    dim, ip = vectors.shape[1], faiss.METRIC_INNER_PRODUCT
+    if storage not in STORAGES:
+        raise UsageError(f"unknown storage {storage!r}; choose one of {', '.join(STORAGES)}")
+    quantizer = {"float16": faiss.ScalarQuantizer.QT_fp16, "int8": faiss.ScalarQuantizer.QT_8bit}.get(storage)
+    if kind == "flat" and quantizer is None:
         index = faiss.IndexFlatIP(dim)
+    elif kind == "flat":
+        index = faiss.IndexScalarQuantizer(dim, quantizer, ip)
     elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
+        if quantizer is None:
+            index = faiss.IndexHNSWFlat(dim, 32, ip)
+        else:
+            index = faiss.IndexHNSWSQ(dim, quantizer, 32, ip)
         index.hnsw.efSearch = 128
     elif kind == "ivf":
         nlist = max(1, int(math.sqrt(len(vectors))))
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.train(vectors)
+        if quantizer is None:
+            index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, ip)
+        else:
+            index = faiss.IndexIVFScalarQuantizer(faiss.IndexFlatIP(dim), dim, nlist, quantizer, ip)
         index.nprobe = max(1, nlist // 8)
     else:
         raise UsageError(f"unknown index type {kind!r}; choose one of {', '.join(KINDS)}")
+    if not index.is_trained:
+        index.train(vectors)
     index.add(vectors)
     return index
 
@@ -85,6 +100,12 @@ def _without_rows(index, keep: np.ndarray, vectors: np.ndarray | None = None):
     return fresh
 
 
+def _as_stored(vectors: np.ndarray, storage: str) -> np.ndarray:
+    """Unit vectors as a saved index reads them back (float32 values of `storage`'s rounding), so that an
+    index in memory scores exactly as the same index saved and loaded."""
+    return restored_vectors(stored_arrays(l2_normalize(vectors), storage)).astype(np.float32)
+
+
 class VectorIndex:
     def __init__(self, index, ids: list[str], metadata: dict, multi: MultiVectors | None = None):
         self.index, self.ids, self.metadata, self.multi = index, ids, metadata, multi
@@ -93,20 +114,21 @@ class VectorIndex:
             self._doc_of_vector = np.repeat(np.arange(len(multi)), multi.counts)
 
     @classmethod
-    def build(cls, embeddings: EmbeddingSet, kind: str = "flat") -> VectorIndex:
+    def build(cls, embeddings: EmbeddingSet, kind: str = "flat", storage: str = "float32") -> VectorIndex:
+        """`storage` (float32 | float16 | int8): how the faiss index and, multi-vector, the vectors kept
+        for exact MaxSim hold them (io.embeddings.STORAGES; docs/nugget_baselines.md)."""
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
         metadata = dict(embeddings.metadata, index_kind=kind, count=len(embeddings))
         metadata.pop("text_hashes", None)  # the rows' text digests (encode --reuse): not the index's
+        metadata["storage"] = storage
         _refuse_non_finite(embeddings)
         if embeddings.is_multi:
             multi = embeddings.data
-            multi = MultiVectors(
-                l2_normalize(multi.vectors).astype(np.float32), multi.offsets, multi.positions
-            )
-            return cls(_build_faiss(multi.vectors, kind), list(embeddings.ids), metadata, multi)
+            multi = MultiVectors(_as_stored(multi.vectors, storage), multi.offsets, multi.positions)
+            return cls(_build_faiss(multi.vectors, kind, storage), list(embeddings.ids), metadata, multi)
         vectors = l2_normalize(np.asarray(embeddings.data, dtype=np.float32))
-        return cls(_build_faiss(vectors, kind), list(embeddings.ids), metadata)
+        return cls(_build_faiss(vectors, kind, storage), list(embeddings.ids), metadata)
 
     def to_gpu(self) -> VectorIndex:
         faiss = _faiss()
@@ -130,12 +152,15 @@ class VectorIndex:
             raise UsageError("this index holds multi-vector embeddings; encode queries with the same model")
         results = []
         per_vector = min(max(4 * k, 64), len(self.multi.vectors))
+        # one faiss call for every query vector of the batch: matrix products instead of a call per query
+        flat = l2_normalize(queries.vectors.astype(np.float32))
+        every_hit = self.index.search(flat, per_vector)[1] if len(flat) else np.zeros((0, per_vector))
         for i in range(len(queries)):
-            query = l2_normalize(queries[i].astype(np.float32))
+            start, stop = queries.offsets[i], queries.offsets[i + 1]
+            query, hits = flat[start:stop], every_hit[start:stop]
             if len(query) == 0:
                 results.append([])
                 continue
-            _, hits = self.index.search(query, per_vector)
             candidates = np.unique(self._doc_of_vector[hits[hits >= 0]])
             scores = maxsim_one_to_many(query, self.multi.select(candidates))
             order = np.argsort(-scores, kind="stable")[:k]
@@ -170,7 +195,7 @@ class VectorIndex:
             raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {self.index.d}-d")
         if self.multi is not None:
             new = embeddings.data
-            vectors = l2_normalize(new.vectors).astype(np.float32)
+            vectors = _as_stored(new.vectors, self.metadata.get("storage", "float32"))
             self.index.add(vectors)
             self.multi = MultiVectors.concat([self.multi, MultiVectors(vectors, new.offsets)])
             self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
@@ -218,11 +243,12 @@ class VectorIndex:
 
     def more_like(self, doc_ids: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
         """Top-k documents nearest each stored document `doc_ids[i]`, the document itself left out."""
-        results = []
-        for doc_id in doc_ids:
-            hits = self.search(self.stored(doc_id), k + 1)[0]
-            results.append([hit for hit in hits if hit[0] != doc_id][:k])
-        return results
+        if not doc_ids:
+            return []
+        found = self.search(concat_vectors([self.stored(doc_id) for doc_id in doc_ids]), k + 1)
+        return [
+            [hit for hit in hits if hit[0] != doc_id][:k] for doc_id, hits in zip(doc_ids, found, strict=True)
+        ]
 
     def _check_same_model(self, embeddings: EmbeddingSet) -> None:
         for key in ("model", "config_hash"):
@@ -243,7 +269,9 @@ class VectorIndex:
             faiss.write_index(index, str(tmp))
         write_ids(directory, self.ids)
         if self.multi is not None:
-            np.save(directory / "vectors.npy", self.multi.vectors)
+            storage = self.metadata.get("storage", "float32")
+            for name, array in stored_arrays(self.multi.vectors, storage).items():
+                np.save(directory / f"{name}.npy", array)
             np.save(directory / "offsets.npy", self.multi.offsets)
         (directory / "meta.json").write_text(json.dumps(self.metadata, indent=2) + "\n", encoding="utf-8")
 
@@ -325,7 +353,10 @@ def _read_index_meta(path: Path) -> dict:
 
 def _read_multi(directory: Path) -> MultiVectors:
     try:
-        vectors = np.load(directory / "vectors.npy", allow_pickle=False)
+        arrays = {"vectors": np.load(directory / "vectors.npy", allow_pickle=False)}
+        if (directory / "scales.npy").exists():
+            arrays["scales"] = np.load(directory / "scales.npy", allow_pickle=False)
+        vectors = restored_vectors(arrays)
         offsets = np.load(directory / "offsets.npy", allow_pickle=False)
         if vectors.ndim != 2 or offsets.ndim != 1 or len(offsets) == 0:
             raise ValueError(f"vectors of shape {vectors.shape} and offsets of shape {offsets.shape}")

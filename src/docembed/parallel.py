@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from docembed.encoding import Coverage, capped
 from docembed.errors import DocembedError
 from docembed.io.readers import Document, batched
+from docembed.models.base import EncodeSettings
 from docembed.runtime import progress_bar, raise_if_interrupted
 from docembed.types import EmbeddingSet, Vectors, concat_vectors
 
@@ -37,10 +38,7 @@ class WorkerModel:
     threads: int = 1
     device: str = "cpu"
     seed: int = 0
-    ratio: float | None = None
-    long_documents: str | None = None
-    backend: str | None = None
-    precision: str | None = None
+    settings: EncodeSettings = EncodeSettings()
 
     def load(self):
         import torch
@@ -51,14 +49,7 @@ class WorkerModel:
         # before the model is built: an ONNX Runtime / OpenVINO runner takes torch's thread count then
         torch.set_num_threads(self.threads)
         seed_everything(self.seed)
-        model = load_model(self.model, device=self.device)
-        if self.ratio is not None:
-            model.set_ratio(self.ratio)
-        if self.long_documents is not None:
-            model.set_long_documents(self.long_documents)
-        if self.backend or self.precision:
-            model.set_inference(self.backend, self.precision)
-        return model
+        return self.settings.apply(load_model(self.model, device=self.device))
 
 
 def piece_size(batch_size: int) -> int:
@@ -97,7 +88,9 @@ def encode_documents_in_processes(
         results = (encode_piece(model, piece, batch_size, count) for piece in pieces())
         parts = _collect(results, model.name, total, coverage)
     else:
-        if spec.backend or spec.precision:  # export the converted model once, here, before the workers
+        if (
+            spec.settings.backend or spec.settings.precision
+        ):  # export the converted model once, here, before the workers
             model.encode([""], batch_size=1)  # look for it in the cache (each would export it otherwise)
         parts = _collect(_in_workers(spec, workers, pieces(), batch_size, count), model.name, total, coverage)
     if not ids:

@@ -32,8 +32,27 @@ def encode(
     ),
     batch_size: int = common.BATCH_SIZE,
     output_format: str = typer.Option(None, "--output-format", help="Override the format implied by -o."),
+    storage: str = typer.Option(
+        "float32",
+        "--storage",
+        help="npy/npz/safetensors: how vectors are stored, float32 | float16 (half the bytes) | int8 (a "
+        "quarter: one byte per value and a scale per vector). Read back as float32 by every command.",
+    ),
     overwrite: bool = common.OVERWRITE,
     ratio: float = typer.Option(None, "--ratio", help="NUGGET: compression ratio r at encode time."),
+    selector: str = typer.Option(
+        None,
+        "--selector",
+        help="NUGGET: which token vectors it keeps: scorer (learned, the default) or a rule: idf (the k of "
+        "highest IDF), prune (all but the 1,000 most frequent vocabulary entries; k varies), pool "
+        "(hierarchical pooling into k clusters), chunk. See docs/nugget_baselines.md.",
+    ),
+    max_vectors: int = typer.Option(
+        None,
+        "--max-vectors",
+        min=1,
+        help="NUGGET: at most N vectors per 256-token window (with --ratio 1: a fixed N, as ConstBERT's 32).",
+    ),
     long: str = typer.Option(
         None,
         "--long",
@@ -117,8 +136,10 @@ def encode(
                 "--workers/--threads are for the local engine; with --engine ray use --num-workers and "
                 "--cpus-per-worker"
             )
-        if backend or precision:
-            raise UsageError("--backend/--precision are for the local engine (or set in a saved model)")
+        if backend or precision or selector or max_vectors or storage != "float32":
+            raise UsageError(
+                "--backend/--precision/--selector/--max-vectors/--storage are for the local engine"
+            )
         if output_format not in (None, "parquet"):
             raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
         if reuse:
@@ -147,10 +168,12 @@ def encode(
         raise UsageError(f"--{given[0].replace('_', '-')} needs --engine ray")
 
     from docembed.encoding import HashedDocuments, coverage_of, encode_documents, reuse_metadata
-    from docembed.io.embeddings import check_output_path, save_embeddings
+    from docembed.io.embeddings import check_output_path, check_storage, save_embeddings
+    from docembed.models.base import EncodeSettings
     from docembed.runtime import log
 
     check_output_path(output, overwrite, inputs=[input])
+    check_storage(output, output_format, storage)
     if reuse and (fit or workers is not None):
         raise UsageError("--reuse goes without --fit (a refitted model is another model) and --workers")
     if fit:  # the corpus-fitted families in one step, with their commands' default settings
@@ -158,13 +181,8 @@ def encode(
     documents = common.reader(input, format, id_field, text_field, skip_invalid, shard)
     if workers is not None or threads is not None:  # before the model: a runner takes torch's threads then
         _set_torch_threads(threads or 1)
-    encoder = common.load(model)
-    if ratio is not None:
-        encoder.set_ratio(ratio)
-    if long is not None:
-        encoder.set_long_documents(long)
-    if backend or precision:
-        encoder.set_inference(backend, precision)
+    settings = EncodeSettings(ratio, long, backend, precision, selector, max_vectors)
+    encoder = settings.apply(common.load(model))
     in_processes = workers is not None and not encoder.supports("workers")
     if workers is not None and not in_processes:
         encoder.set_workers(workers)
@@ -175,18 +193,10 @@ def encode(
         embeddings = _encode_reusing(encoder, documents, reuse, batch_size, total, coverage)
     elif in_processes:
         from docembed.parallel import WorkerModel, encode_documents_in_processes
-        from docembed.runtime import resolve_device, settings
+        from docembed.runtime import resolve_device
+        from docembed.runtime import settings as runtime
 
-        spec = WorkerModel(
-            model,
-            threads or 1,
-            resolve_device(),
-            settings.seed,
-            ratio=ratio,
-            long_documents=long,
-            backend=backend,
-            precision=precision,
-        )
+        spec = WorkerModel(model, threads or 1, resolve_device(), runtime.seed, settings)
         embeddings = encode_documents_in_processes(
             spec, encoder, hashed, workers, batch_size=batch_size, total=total, coverage=coverage
         )
@@ -206,7 +216,7 @@ def encode(
     provenance = documents.shard_provenance()  # --shard i/n: what `docembed merge` orders and checks by
     if provenance is not None:
         embeddings.metadata["shard"] = provenance
-    save_embeddings(embeddings, output, output_format, overwrite=overwrite, inputs=[input])
+    save_embeddings(embeddings, output, output_format, overwrite=overwrite, inputs=[input], storage=storage)
     shape = f"dim {embeddings.dim}"
     if embeddings.is_multi:
         shape = f"multi-vector, {embeddings.data.counts.mean():.1f} vectors/doc, " + shape

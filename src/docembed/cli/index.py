@@ -25,6 +25,12 @@ def build(
     kind: str = typer.Option(
         "flat", "--type", "-t", help="flat (exact) | hnsw | ivf, or bm25 (a first stage over a corpus' text)."
     ),
+    storage: str = typer.Option(
+        "float32",
+        "--storage",
+        help="float32 | float16 | int8: how the index holds the vectors (faiss' scalar quantizers; a "
+        "multi-vector index stores its MaxSim vectors the same way): half or a quarter of the bytes.",
+    ),
     id_field: str = common.ID_FIELD,
     text_field: str = common.TEXT_FIELD,
     overwrite: bool = common.OVERWRITE,
@@ -38,7 +44,7 @@ def build(
 
     Example: docembed index build docs.npy -o docs.index && docembed search docs.index --query "cats"
     """
-    from docembed.errors import DocembedError
+    from docembed.errors import DocembedError, UsageError
     from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
     from docembed.io.embeddings import load_embeddings
     from docembed.io.outputs import check_output, directory_output
@@ -46,6 +52,8 @@ def build(
 
     check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
     if kind == "bm25":
+        if storage != "float32":
+            raise UsageError("--storage is for faiss indexes; a bm25 index holds sparse weights")
         _build_bm25(embeddings, output, overwrite, allow_duplicate_ids, id_field, text_field)
         return
     emb = load_embeddings(embeddings)
@@ -59,11 +67,11 @@ def build(
                 "pass --allow-duplicate-ids to index them anyway"
             )
         log(f"warning: {message}")
-    index = VectorIndex.build(emb, kind)
+    index = VectorIndex.build(emb, kind, storage)
     with directory_output(output, INDEX_DIRECTORY, overwrite, inputs=[embeddings]) as staging:
         index.save(staging)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
-    log(f"indexed {what} ({kind}) -> {output}")
+    log(f"indexed {what} ({kind}, {storage}) -> {output}")
 
 
 def _build_bm25(corpus, output, overwrite, allow_duplicate_ids, id_field, text_field) -> None:

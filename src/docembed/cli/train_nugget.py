@@ -69,6 +69,12 @@ def train_nugget(
     idf_prior: float = typer.Option(
         0.0, "--idf-prior", help="Add this times the token's IDF (fitted on the training text) to its score."
     ),
+    aggregate: str = typer.Option(
+        "none",
+        "--aggregate",
+        help="none (a nugget is its token's vector) | assign (every token joins its most similar nugget, "
+        "which becomes their mean), while training and in the saved model.",
+    ),
     attention_temperature: float = typer.Option(
         0.05, "--attention-temperature", min=1e-4, help="sim: temperature of the soft MaxSim."
     ),
@@ -114,6 +120,7 @@ def train_nugget(
         decoder_layers=decoder_layers,
         freeze=freeze,
         idf_prior=idf_prior,
+        aggregate=aggregate,
         max_length=max_length,  # it encodes what it was trained on
     )
     encoder = NuggetEncoder.from_base(config, seed=settings.seed)

@@ -23,7 +23,7 @@ from docembed.errors import ModelNotFoundError, UsageError
 from docembed.evaluation import long_documents as _long_documents  # noqa: F401  (registers the tasks)
 from docembed.evaluation import tasks as _tasks  # noqa: F401  (registers the tasks)
 from docembed.evaluation.base import TASKS, EvalOptions, EvalResult, Evaluator, cached_encode, mean_pool
-from docembed.evaluation.long_documents import Halves, LongDocumentClassification
+from docembed.evaluation.long_documents import Halves, LongDocumentClassification, PairedRetrieval
 from docembed.evaluation.tasks import (
     DocumentClassification,
     LabelRetrieval,
@@ -125,6 +125,7 @@ __all__ = [
     "LabelRetrieval",
     "LongDocumentClassification",
     "ParaphraseIdentification",
+    "PairedRetrieval",
     "STSEvaluator",
     "SemanticSimilarity",
     "SentEvalClassification",

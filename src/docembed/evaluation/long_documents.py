@@ -175,20 +175,50 @@ class NewsgroupsLongValidation(NewsgroupsLong):
     description = "20 Newsgroups *train* posts over 512 tokens (for model selection): probe accuracy, MAP@100"
 
 
+class PairedRetrieval(Evaluator):
+    """Query i's one right answer is candidate i, among all the candidates: MRR x100 (ties counted against
+    the answer), top-1, and each query's reciprocal rank (`per_item`). Built from in-memory text, e.g. a
+    paragraph's first sentence and the rest of it (bench/bench_nugget_curve.py)."""
+
+    name = "paired-retrieval"
+    primary_metric = "mrr"
+    supports_scorers = True
+
+    def __init__(
+        self, queries: Sequence[str], answers: Sequence[str], options=None, embed=None, fit_corpus=None
+    ):
+        super().__init__(options, embed, fit_corpus)
+        if len(queries) != len(answers):
+            raise UsageError(f"{len(queries)} queries but {len(answers)} answers")
+        self.queries, self.answers = list(queries), list(answers)
+
+    def texts(self) -> list[str]:
+        return self.queries + self.answers
+
+    def compute(self, model) -> dict[str, Any]:
+        reciprocal = _pair_reciprocal_ranks(self, model, self.queries, self.answers)
+        return {
+            "mrr": 100.0 * float(reciprocal.mean()),
+            "mrr_se": 100.0 * standard_error(reciprocal),
+            "top1": 100.0 * float((reciprocal == 1.0).mean()),
+            "queries": len(self.queries),
+            "per_item": {"mrr": reciprocal.tolist()},
+        }
+
+
 @register_task
-class Halves(Evaluator):
+class Halves(PairedRetrieval):
     """Each of `documents` is cut in two at its middle word; its first half queries the second halves of
     all of them: MRR x100, ties counted against the right half."""
 
     name = "halves"
-    primary_metric = "mrr"
-    supports_scorers = True  # bm25, a fusion: each first half scores all second halves
     description = "first half -> second half of long IMDB and 20NG test documents: MRR x100"
     datasets = ("imdb/test", "20newsgroups/test")
 
     def __init__(self, documents: Sequence[str], options=None, embed=None, fit_corpus=None):
-        super().__init__(options, embed, fit_corpus)
         self.documents = list(documents)
+        halves = [_halves(text) for text in self.documents]
+        super().__init__([a for a, _ in halves], [b for _, b in halves], options, embed, fit_corpus)
 
     @classmethod
     def from_data_root(cls, options=None, **kwargs) -> Halves:
@@ -224,25 +254,20 @@ class Halves(Evaluator):
         return "samples of the IMDB and 20 Newsgroups train splits"
 
     def compute(self, model) -> dict[str, Any]:
-        firsts, seconds = [], []
-        for text in self.documents:
-            words = text.split()
-            middle = len(words) // 2
-            firsts.append(" ".join(words[:middle]))
-            seconds.append(" ".join(words[middle:]))
-        reciprocal = _pair_reciprocal_ranks(self, model, firsts, seconds)
+        result = super().compute(model)
         if self.read_from_data_root:
             self.notes.append(
                 f"{len(self.documents)} {self.datasets[0].split('/')[1]} documents over "
                 f"{LONG_DOCUMENT_TOKENS} MiniLM tokens, cut at the middle word"
             )
-        return {
-            "mrr": 100.0 * float(reciprocal.mean()),
-            "mrr_se": 100.0 * standard_error(reciprocal),
-            "top1": 100.0 * float((reciprocal == 1.0).mean()),
-            "documents": len(self.documents),
-            "per_item": {"mrr": reciprocal.tolist()},
-        }
+        del result["queries"]
+        return result | {"documents": len(self.documents)}
+
+
+def _halves(text: str) -> tuple[str, str]:
+    words = text.split()
+    middle = len(words) // 2
+    return " ".join(words[:middle]), " ".join(words[middle:])
 
 
 @register_task

@@ -453,7 +453,8 @@ class LabelRetrieval(Evaluator):
         labels = np.asarray(self.labels)
         result = label_retrieval(similarity_rows(self, model, self.documents), labels, self.rng())
         return {k: result[k] for k in ("map@100", "p@10", "knn_accuracy")} | {
-            "documents": len(self.documents)
+            "documents": len(self.documents),
+            "per_item": {"map@100": result["per_item"]},
         }
 
 

@@ -59,7 +59,8 @@ def set_companions(path: Path, format: str) -> list[Path]:
     """Every file besides `path` that a set written there in `format` may have (its sidecars): a write
     checks them all and removes those of an old set it does not write again."""
     if format == "npy":
-        return [_sidecar(path, kind) for kind in ("ids.txt", "meta.json", "offsets.npy", "positions.npy")]
+        sidecars = ("ids.txt", "meta.json", "offsets.npy", "positions.npy", "scales.npy")
+        return [_sidecar(path, kind) for kind in sidecars]
     if format == "jsonl":
         return [_jsonl_meta(path)]
     return []
@@ -95,21 +96,69 @@ def check_ids(ids: Sequence[str], format: str) -> None:
             )
 
 
+# How the binary formats may store vectors: float16 halves the bytes, int8 quarters them (one byte per value
+# and one float32 scale per vector, symmetric: value * scale, largest magnitude at 127). Read back, every
+# storage is float32 again, so search, rerank and index read any of them.
+STORAGES = ("float32", "float16", "int8")
+
+
+def stored_arrays(vectors: np.ndarray, storage: str) -> dict[str, np.ndarray]:
+    """{"vectors"[, "scales"]} as `storage` keeps them."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if storage == "float32":
+        return {"vectors": np.ascontiguousarray(vectors)}
+    if storage == "float16":
+        return {"vectors": vectors.astype(np.float16)}
+    if storage != "int8":
+        raise UsageError(f"unknown storage {storage!r}; choose one of {', '.join(STORAGES)}")
+    scales = np.abs(vectors).max(axis=1, initial=0.0) / 127.0
+    safe = np.where(scales > 0, scales, 1.0)[:, None]
+    return {
+        "vectors": np.clip(np.rint(vectors / safe), -127, 127).astype(np.int8),
+        "scales": scales.astype(np.float32),
+    }
+
+
+def restored_vectors(arrays: dict[str, np.ndarray]) -> np.ndarray:
+    """The float32 vectors of `stored_arrays`' output (pops "scales")."""
+    scales = arrays.pop("scales", None)
+    if scales is None:
+        return arrays["vectors"]
+    vectors = arrays["vectors"]
+    if vectors.dtype != np.int8 or scales.shape != (len(vectors),):
+        raise DamagedSetError(f"int8 vectors {vectors.shape} do not match their scales {scales.shape}")
+    return vectors.astype(np.float32) * scales.astype(np.float32)[:, None]
+
+
+def check_storage(path: str, format: str | None, storage: str) -> str:
+    """The output format of `path` (or `format`), refused when it cannot hold `storage`'s vectors."""
+    format = format or ("jsonl" if path == "-" else format_from_path(path))
+    if format not in OUTPUT_FORMATS:
+        raise UsageError(f"unknown output format {format!r}; choose one of {', '.join(OUTPUT_FORMATS)}")
+    if storage not in STORAGES:
+        raise UsageError(f"unknown storage {storage!r}; choose one of {', '.join(STORAGES)}")
+    if storage != "float32" and format not in ("npy", "npz", "safetensors"):
+        raise UsageError(f"--storage {storage} is for npy, npz and safetensors outputs, not {format}")
+    return format
+
+
 def save_embeddings(
     emb: EmbeddingSet,
     path: str,
     format: str | None = None,
     overwrite: bool = True,
     inputs: Sequence[str] = (),
+    storage: str = "float32",
 ) -> list[Path]:
     """Write `emb` to `path` (format from the suffix unless given); '-' writes JSON Lines to stdout.
     All files of the set are written completely before any is renamed into place; with overwrite=False an
-    output that appeared meanwhile (another process) is an error, not replaced. Returns the files written."""
-    format = format or ("jsonl" if path == "-" else format_from_path(path))
-    if format not in OUTPUT_FORMATS:
-        raise UsageError(f"unknown output format {format!r}; choose one of {', '.join(OUTPUT_FORMATS)}")
+    output that appeared meanwhile (another process) is an error, not replaced. `storage` (npy, npz,
+    safetensors): float32, float16 or int8 (STORAGES). Returns the files written."""
+    format = check_storage(path, format, storage)
     check_ids(emb.ids, format)
     metadata = dict(emb.metadata, dim=emb.dim, count=len(emb), kind="multi" if emb.is_multi else "dense")
+    if storage != "float32":
+        metadata["storage"] = storage
     if path == "-":
         if format in BINARY_FORMATS:
             if sys.stdout.isatty():
@@ -128,7 +177,7 @@ def save_embeddings(
     }
     with OutputSet(target, overwrite, inputs, set_companions(target, format)) as output:
         try:
-            writers[format](emb, target, metadata, output)
+            writers[format](emb, target, metadata, output, storage)
         except OSError as error:  # named here: the writers' errors name a temporary file, or nothing
             raise DocembedError(f"cannot write {target}: {describe_os_error(error, path=False)}") from None
         return output.commit()
@@ -150,44 +199,37 @@ def _write_jsonl(emb: EmbeddingSet, handle) -> None:
         handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def _save_jsonl(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
+def _save_jsonl(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet, storage: str) -> None:
     with open(output.temporary(target), "w", encoding="utf-8") as handle:
         _write_jsonl(emb, handle)
     _write_json(output.temporary(_jsonl_meta(target)), metadata)
 
 
-def _save_npy(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
-    # .npy holds one array, so ids, metadata and (multi-vector) offsets/positions go in sidecar files
+def _save_npy(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet, storage: str) -> None:
+    # .npy holds one array, so ids, metadata, (multi-vector) offsets/positions and int8 scales go in
+    # sidecar files
     output.temporary(_sidecar(target, "ids.txt")).write_text(
         "".join(f"{i}\n" for i in emb.ids), encoding="utf-8"
     )
     _write_json(output.temporary(_sidecar(target, "meta.json")), metadata)
-    if isinstance(emb.data, MultiVectors):
-        for name in ("offsets", "positions"):
-            array = getattr(emb.data, name)
-            if array is not None:
-                with open(output.temporary(_sidecar(target, f"{name}.npy")), "wb") as handle:
-                    np.save(handle, array)
-        vectors = emb.data.vectors
-    else:
-        vectors = emb.data
-    with open(output.temporary(target), "wb") as handle:
-        np.save(handle, np.ascontiguousarray(vectors, dtype=np.float32))
+    arrays = _arrays(emb, storage)
+    for name, array in arrays.items():
+        path = target if name == "vectors" else _sidecar(target, f"{name}.npy")
+        with open(output.temporary(path), "wb") as handle:
+            np.save(handle, array)
 
 
-def _arrays(emb: EmbeddingSet) -> dict[str, np.ndarray]:
+def _arrays(emb: EmbeddingSet, storage: str = "float32") -> dict[str, np.ndarray]:
     if isinstance(emb.data, MultiVectors):
-        arrays = {"vectors": emb.data.vectors, "offsets": emb.data.offsets}
+        arrays = {**stored_arrays(emb.data.vectors, storage), "offsets": emb.data.offsets}
         if emb.data.positions is not None:
             arrays["positions"] = emb.data.positions
-    else:
-        arrays = {"vectors": emb.data}
-    arrays["vectors"] = np.ascontiguousarray(arrays["vectors"], dtype=np.float32)
-    return arrays
+        return arrays
+    return stored_arrays(emb.data, storage)
 
 
-def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
-    arrays = _arrays(emb)
+def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet, storage: str) -> None:
+    arrays = _arrays(emb, storage)
     # one JSON array, not a numpy string array: those drop an id's trailing NUL characters
     arrays["ids"] = np.array(json.dumps(emb.ids, ensure_ascii=False))
     arrays["metadata"] = np.array(json.dumps(metadata))
@@ -195,14 +237,16 @@ def _save_npz(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet
         np.savez(handle, **arrays)
 
 
-def _save_safetensors(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
+def _save_safetensors(
+    emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet, storage: str
+) -> None:
     from safetensors.numpy import save_file
 
     header = {"docembed": json.dumps(metadata), "ids": json.dumps(emb.ids, ensure_ascii=False)}
-    save_file(_arrays(emb), str(output.temporary(target)), metadata=header)
+    save_file(_arrays(emb, storage), str(output.temporary(target)), metadata=header)
 
 
-def _save_parquet(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet) -> None:
+def _save_parquet(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet, storage: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -304,6 +348,9 @@ def _load_npy(target: Path) -> EmbeddingSet:
     ids = _sidecar(target, "ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
     offsets_path = _sidecar(target, "offsets.npy")
     positions_path = _sidecar(target, "positions.npy")
+    scales_path = _sidecar(target, "scales.npy")
+    if scales_path.exists():
+        vectors = restored_vectors({"vectors": vectors, "scales": np.load(scales_path, allow_pickle=False)})
     data: Vectors = vectors
     if offsets_path.exists():
         positions = np.load(positions_path, allow_pickle=False) if positions_path.exists() else None
@@ -312,6 +359,7 @@ def _load_npy(target: Path) -> EmbeddingSet:
 
 
 def _assemble(arrays: dict, ids: list[str], metadata: dict) -> EmbeddingSet:
+    arrays["vectors"] = restored_vectors(arrays)
     if "offsets" in arrays:
         data: Vectors = MultiVectors(arrays["vectors"], arrays["offsets"], arrays.get("positions"))
     else:

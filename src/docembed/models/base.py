@@ -63,9 +63,34 @@ CAPABILITIES = {
     "sparse": "sparse features (encode_sparse)",
     "backends": "--backend / --precision (another inference engine or int8)",
     "long": "--long (truncate | windows: a document longer than the model reads, cut or read in windows)",
+    "selection": "--selector / --max-vectors (which token vectors a multi-vector model keeps)",
 }
 
 LONG_MODES = ("truncate", "windows")
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeSettings:
+    """The encode-time options of `docembed encode` / `docembed.load` (None: the model's own), applied to a
+    loaded model in one place: by the command, the Python API and each worker process alike."""
+
+    ratio: float | None = None
+    long_documents: str | None = None
+    backend: str | None = None
+    precision: str | None = None
+    selector: str | None = None
+    max_vectors: int | None = None
+
+    def apply(self, encoder: Encoder) -> Encoder:
+        if self.ratio is not None:
+            encoder.set_ratio(self.ratio)
+        if self.selector is not None or self.max_vectors is not None:
+            encoder.set_selection(self.selector, -1 if self.max_vectors is None else self.max_vectors)
+        if self.long_documents is not None:
+            encoder.set_long_documents(self.long_documents)
+        if self.backend or self.precision:
+            encoder.set_inference(self.backend, self.precision)
+        return encoder
 
 
 class Encoder(ABC):
@@ -169,6 +194,17 @@ class Encoder(ABC):
     def set_ratio(self, ratio: float) -> None:
         """Multi-vector families with a compression ratio ("ratio") override this."""
         self.require("ratio")
+
+    def set_selection(
+        self,
+        selector: str | None = None,
+        max_nuggets: int | None = -1,
+        prune_frequent: int | None = None,
+        aggregate: str | None = None,
+        assign_weight: float | None = None,
+    ) -> None:
+        """Multi-vector families that choose their vectors by a rule or a learned scorer ("selection")."""
+        self.require("selection")
 
     def set_long_documents(self, mode: str) -> None:
         """Families that can read a document longer than one pass in windows ("long") override this."""

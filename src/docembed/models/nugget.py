@@ -14,10 +14,15 @@ token, special tokens included; k >= 1):
    head (losses/nugget_reconstruction.py), or the other document of a paraphrase pair
    (losses/nugget_similarity.py).
 
-Selectors: "scorer" (learned), "chunk" (the last punctuation token of each of k equal chunks) and "idf"
-(the k tokens of highest IDF). The IDF table is a buffer of the model (`idf`, one value per vocabulary
-entry), fitted on the training text by `NuggetEncoder.fit_idf` and saved with the weights, so a
-document's nuggets never depend on the rest of the corpus it is encoded with.
+Selectors: "scorer" (learned), and the rules a learned selection has to beat (docs/nugget_baselines.md):
+"chunk" (the last punctuation token of each of k equal chunks), "idf" (the k tokens of highest IDF),
+"prune" (static pruning: every token but the `prune_frequent` most frequent vocabulary entries, Acquavia et
+al. 2023; k varies per document) and "pool" (hierarchical token pooling, Clavie et al. 2024: Ward
+clustering of the token vectors into k clusters, each nugget the mean of one). `max_nuggets` caps k for every
+selector (ratio 1 with a cap of 32 keeps a fixed number per document, as ConstBERT does).
+The IDF table is a buffer of the model (`idf`, one value per vocabulary entry), fitted on the training
+text by `NuggetEncoder.fit_idf` and saved with the weights, so a document's nuggets never depend on the
+rest of the corpus it is encoded with.
 
 Backbones and warm start: models/nugget_backbones.py; decoding and BLEU: models/nugget_generation.py;
 training: training/nugget_recipe.py; the measured models and their commands: bench/bench_nugget.py.
@@ -25,6 +30,7 @@ training: training/nugget_recipe.py; the measured models and their commands: ben
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import string
 from collections.abc import Sequence
@@ -54,9 +60,10 @@ from docembed.types import MultiVectors
 
 TOKENIZER_SUBDIR = "tokenizer"
 RESIDUALS = ("raw", "straight-through", "none")
-SELECTORS = ("scorer", "chunk", "idf")
+SELECTORS = ("scorer", "chunk", "idf", "prune", "pool")
 FREEZES = ("bottom", "encoder", "encoder+value")
 KINDS = ("bert", "bart")
+AGGREGATES = ("none", "assign")
 LONG_DOCUMENTS = LONG_MODES
 
 
@@ -68,7 +75,7 @@ class NuggetConfig(EncoderConfig):
     scorer_layer: int = 3  # l: the scorer reads layer l; embeddings and layers below l are frozen
     feedback: bool = True  # add nugget / non-nugget type embeddings to layer l's output
     residual: str = "raw"  # "raw" (paper) | "straight-through" | "none"
-    selector: str = "scorer"  # "scorer" (learned) | "chunk" | "idf" (rules)
+    selector: str = "scorer"  # "scorer" (learned) | "chunk" | "idf" | "prune" | "pool" (rules)
     max_length: int = 512  # tokens per document at encode time (training cuts shorter, see the recipe)
     normalize: bool = True  # L2-normalise the nugget vectors encode() returns
     decoder_layers: int | None = None  # BERT2BERT: how many backbone layers the decoder copies (None = all)
@@ -78,6 +85,13 @@ class NuggetConfig(EncoderConfig):
     # at the identity: nuggets are the encoder's own token vectors and only the selection learns)
     freeze: str = "bottom"
     idf_prior: float = 0.0  # scorer selector: add this times the token's IDF to its score
+    max_nuggets: int | None = None  # at most this many nuggets per document (window), whatever r gives
+    # "none": a nugget is its token's vector; "assign": every token joins its most similar nugget and the
+    # nugget becomes (1 - w) * its own unit vector + w * the mean of its members' (w = assign_weight): the
+    # selection seeds a clustering of all the tokens, and w = 1 is that clustering's means
+    aggregate: str = "none"
+    assign_weight: float = 1.0
+    prune_frequent: int = 1000  # selector "prune": the vocabulary entries of lowest IDF dropped
     # A document longer than max_length: "truncate" reads its first max_length tokens; "windows" reads all
     # of it in consecutive windows of max_length, each keeping ceil(r * n_w) of its n_w tokens, so a
     # document keeps about r of all its tokens (sum of the windows' ceil: ceil(r * n) plus at most one per
@@ -94,35 +108,46 @@ class NuggetConfig(EncoderConfig):
             ("freeze", self.freeze, FREEZES),
             ("kind", self.kind, KINDS),
             ("long_documents", self.long_documents, LONG_DOCUMENTS),
+            ("aggregate", self.aggregate, AGGREGATES),
         ):
             if value not in allowed:
                 raise UsageError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
         if self.scorer_layer < 0:
             raise UsageError("scorer_layer must be >= 0")
+        if self.max_nuggets is not None and self.max_nuggets < 1:
+            raise UsageError(f"max_nuggets must be >= 1, got {self.max_nuggets}")
+        if not 0 <= self.assign_weight <= 1:
+            raise UsageError(f"assign_weight must be in [0, 1], got {self.assign_weight}")
+        if self.prune_frequent < 0:
+            raise UsageError(f"prune_frequent must be >= 0, got {self.prune_frequent}")
+        if self.selector == "pool" and self.feedback:
+            raise UsageError("selector 'pool' makes its own vectors: it needs a model without feedback")
 
     @property
     def uses_idf(self) -> bool:
-        return self.selector == "idf" or self.idf_prior != 0
+        return self.selector in ("idf", "prune") or self.idf_prior != 0
 
 
 # --- selection: pure tensor functions ------------------------------------------------------------------
 
 
-def nugget_counts(attention_mask: torch.Tensor, ratio: float) -> torch.Tensor:
-    """k = ceil(r * n) per row (n = non-padding tokens), at least 1 and at most n. The small epsilon keeps
-    float error (0.1 * 30 = 3.0000000000000004) from adding a nugget."""
+def nugget_counts(attention_mask: torch.Tensor, ratio: float, cap: int | None = None) -> torch.Tensor:
+    """k = ceil(r * n) per row (n = non-padding tokens), at least 1 and at most n (and `cap`). The small
+    epsilon keeps float error (0.1 * 30 = 3.0000000000000004) from adding a nugget."""
     n = attention_mask.sum(dim=1).to(torch.float64)
     k = torch.ceil(n * ratio - 1e-9).to(torch.long)
-    return torch.minimum(k.clamp_min(1), n.to(torch.long).clamp_min(1))
+    k = torch.minimum(k.clamp_min(1), n.to(torch.long).clamp_min(1))
+    return k if cap is None else k.clamp_max(cap)
 
 
 def select_top_k(
-    scores: torch.Tensor, attention_mask: torch.Tensor, ratio: float
+    scores: torch.Tensor, attention_mask: torch.Tensor, ratio: float, counts: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices (b, K) of the top-k tokens per row by score, in text order, and the mask (b, K) of the
-    slots that hold a nugget (rows with fewer than K nuggets are padded with index 0, masked)."""
+    slots that hold a nugget (rows with fewer than K nuggets are padded with index 0, masked). `counts`
+    gives k per row instead of ceil(r * n)."""
     valid = attention_mask.bool()
-    k = nugget_counts(attention_mask, ratio)
+    k = nugget_counts(attention_mask, ratio) if counts is None else counts
     width = int(k.max())
     masked = scores.detach().float().masked_fill(~valid, float("-inf"))
     top = masked.topk(width, dim=1).indices
@@ -139,11 +164,15 @@ def _text_order(indices: torch.Tensor, slots: torch.Tensor, length: int):
 
 
 def select_chunks(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, ratio: float, punctuation: torch.Tensor
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    ratio: float,
+    punctuation: torch.Tensor,
+    cap: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rule-based ablation: cut each row's n tokens into k = ceil(r * n) equal chunks and take the last
     punctuation token of each chunk (the chunk's last token when it has none)."""
-    k = nugget_counts(attention_mask, ratio)
+    k = nugget_counts(attention_mask, ratio, cap)
     n = attention_mask.sum(dim=1)
     width = int(k.max())
     indices = torch.zeros((len(k), width), dtype=torch.long, device=input_ids.device)
@@ -160,13 +189,97 @@ def select_chunks(
 
 
 def select_idf(
-    input_ids: torch.Tensor, attention_mask: torch.Tensor, ratio: float, idf: torch.Tensor
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    ratio: float,
+    idf: torch.Tensor,
+    cap: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rule-based selector: the k = ceil(r * n) tokens of highest IDF, in text order. Ties go to the
     earlier token (a tiny position term), so the choice is deterministic."""
+    counts = nugget_counts(attention_mask, ratio, cap)
+    return select_top_k(_idf_scores(input_ids, idf), attention_mask, ratio, counts)
+
+
+def _idf_scores(input_ids: torch.Tensor, idf: torch.Tensor) -> torch.Tensor:
     n = input_ids.shape[1]
     tie_break = torch.arange(n, 0, -1, device=input_ids.device, dtype=torch.float32) * 1e-6 / n
-    return select_top_k(idf[input_ids].float() + tie_break, attention_mask, ratio)
+    return idf[input_ids].float() + tie_break
+
+
+def select_unfrequent(
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    idf: torch.Tensor,
+    frequent: int,
+    cap: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Static pruning (Acquavia et al., DocEng 2023): every token except those among the `frequent`
+    vocabulary entries of lowest IDF (stop words, punctuation, [CLS]/[SEP]), in text order; at least the
+    token of highest IDF, at most `cap`. The same entries go in every document, so k varies with the text."""
+    dropped = torch.zeros(len(idf), dtype=torch.bool, device=idf.device)
+    dropped[idf.argsort(stable=True)[:frequent]] = True
+    kept = attention_mask.bool() & ~dropped[input_ids]
+    counts = kept.sum(dim=1).clamp_min(1)
+    if cap is not None:
+        counts = counts.clamp_max(cap)
+    scores = _idf_scores(input_ids, idf)
+    # a row with nothing left keeps its token of highest IDF: its scores stay unmasked
+    scores = torch.where(kept.any(dim=1, keepdim=True), scores.masked_fill(~kept, float("-inf")), scores)
+    return select_top_k(scores, attention_mask, 1.0, counts)
+
+
+def assign_to_nuggets(
+    states: torch.Tensor,
+    attention_mask: torch.Tensor,
+    nuggets: torch.Tensor,
+    slots: torch.Tensor,
+    weight: float = 1.0,
+) -> torch.Tensor:
+    """Each token joins the nugget its unit vector is most similar to (cosine); each nugget becomes
+    (1 - weight) * its own unit vector + weight * the mean of its members' unit vectors, itself included
+    (b, K, d). Padding tokens and empty slots join nothing."""
+    unit = torch.nn.functional.normalize(states.float(), dim=-1)
+    seeds = torch.nn.functional.normalize(nuggets.float(), dim=-1)
+    similarity = (unit @ seeds.transpose(1, 2)).masked_fill(~slots[:, None, :], float("-inf"))
+    owner = torch.nn.functional.one_hot(similarity.argmax(dim=-1), seeds.shape[1]).float()
+    owner = owner * attention_mask[:, :, None].float()
+    sums = owner.transpose(1, 2) @ unit  # (b, K, d)
+    counts = owner.sum(dim=1).clamp_min(1.0)[:, :, None]
+    return ((1 - weight) * seeds + weight * sums / counts).to(nuggets.dtype)
+
+
+def pool_hierarchical(
+    states: torch.Tensor, attention_mask: torch.Tensor, counts: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Hierarchical token pooling (Clavie, Chaffin and Adams 2024, as PyLate does it): each row's unit
+    token vectors clustered by Ward linkage into k = counts[row] clusters, each nugget the mean of one
+    cluster; its position is the cluster's first token, nuggets in text order. SciPy's linkage does the
+    clustering (O(n^2) per window). Returns (nuggets (b, K, d), positions (b, K), slots (b, K))."""
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    unit = torch.nn.functional.normalize(states.float(), dim=-1)
+    lengths = attention_mask.sum(dim=1).tolist()
+    width = int(counts.max())
+    nuggets = torch.zeros((len(states), width, states.shape[-1]), dtype=states.dtype, device=states.device)
+    positions = torch.zeros((len(states), width), dtype=torch.long, device=states.device)
+    slots = torch.zeros((len(states), width), dtype=torch.bool, device=states.device)
+    for row, (n, k) in enumerate(zip(lengths, counts.tolist(), strict=True)):
+        vectors = unit[row, :n]
+        if k >= n:
+            labels = np.arange(n)
+        else:
+            tree = linkage(vectors.cpu().double().numpy(), method="ward")
+            labels = fcluster(tree, t=k, criterion="maxclust") - 1
+        # clusters numbered by their first token, so the nuggets come in text order
+        _, first = np.unique(labels, return_index=True)
+        order = np.argsort(first)
+        members = torch.as_tensor(labels, device=states.device)
+        for slot, cluster in enumerate(order):
+            nuggets[row, slot] = vectors[members == int(cluster)].mean(dim=0).to(states.dtype)
+            positions[row, slot] = int(first[cluster])
+        slots[row, : len(order)] = True
+    return nuggets, positions, slots
 
 
 def idf_table(token_ids: Sequence[Sequence[int]], vocab_size: int) -> torch.Tensor:
@@ -293,22 +406,32 @@ class NuggetModel(nn.Module):
 
     def select(self, hidden: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor):
         """(indices, slots, scores of the chosen, every token's score or None) from layer l's states."""
-        if self.config.selector == "scorer":
+        selector, cap = self.config.selector, self.config.max_nuggets
+        if selector == "scorer":
             all_scores = self.scorer(hidden).squeeze(-1)
             if self.config.idf_prior:
                 all_scores = all_scores + self.config.idf_prior * self.idf[input_ids].to(all_scores.dtype)
-            indices, slots = select_top_k(all_scores, attention_mask, self.ratio)
+            counts = nugget_counts(attention_mask, self.ratio, cap)
+            indices, slots = select_top_k(all_scores, attention_mask, self.ratio, counts)
             return indices, slots, all_scores.gather(1, indices), all_scores
-        if self.config.selector == "idf":
-            if not bool(self.idf.any()):
-                raise DocembedError("selector 'idf' needs an IDF table: fit one with NuggetEncoder.fit_idf")
-            indices, slots = select_idf(input_ids, attention_mask, self.ratio, self.idf)
+        if selector in ("idf", "prune"):
+            if not bool(getattr(self, "idf", torch.zeros(1)).any()):
+                raise DocembedError(
+                    f"selector {selector!r} needs an IDF table: fit one with NuggetEncoder.fit_idf"
+                )
+            if selector == "idf":
+                indices, slots = select_idf(input_ids, attention_mask, self.ratio, self.idf, cap)
+            else:
+                frequent = self.config.prune_frequent
+                indices, slots = select_unfrequent(input_ids, attention_mask, self.idf, frequent, cap)
         else:
-            indices, slots = select_chunks(input_ids, attention_mask, self.ratio, self.punctuation)
+            indices, slots = select_chunks(input_ids, attention_mask, self.ratio, self.punctuation, cap)
         return indices, slots, torch.zeros(indices.shape, dtype=hidden.dtype, device=hidden.device), None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> NuggetOutput:
         hidden, mask = self.bottom_states(input_ids, attention_mask)
+        if self.config.selector == "pool":
+            return self.pooled(self.upper_states(hidden, mask), attention_mask)
         indices, slots, scores, all_scores = self.select(hidden, input_ids, attention_mask)
         if self.config.feedback:
             types = torch.zeros_like(input_ids)
@@ -320,18 +443,29 @@ class NuggetModel(nn.Module):
                 top = self.upper_states(hidden, mask)
         else:
             top = self.upper_states(hidden, mask)
-        return self.gather(top, indices, slots, scores, all_scores)
+        return self.gather(top, indices, slots, scores, all_scores, attention_mask)
 
-    def gather(self, top, indices, slots, scores, all_scores) -> NuggetOutput:
+    def gather(self, top, indices, slots, scores, all_scores, attention_mask) -> NuggetOutput:
         chosen = top.gather(1, indices[:, :, None].expand(-1, -1, top.shape[-1]))
+        if self.config.aggregate == "assign":
+            chosen = assign_to_nuggets(top, attention_mask, chosen, slots, self.config.assign_weight)
         return NuggetOutput(
             self.value(chosen.to(self.value.weight.dtype)), indices, slots, scores, all_scores
         )
 
+    def pooled(self, top: torch.Tensor, attention_mask: torch.Tensor) -> NuggetOutput:
+        """Selector "pool": the nuggets are means of clusters of the last layer's token vectors."""
+        counts = nugget_counts(attention_mask, self.ratio, self.config.max_nuggets)
+        means, positions, slots = pool_hierarchical(top, attention_mask, counts)
+        scores = torch.zeros(positions.shape, dtype=top.dtype, device=top.device)
+        return NuggetOutput(self.value(means.to(self.value.weight.dtype)), positions, slots, scores, None)
+
     def from_states(self, bottom, top, input_ids, attention_mask) -> NuggetOutput:
         """The nuggets from token states computed once (layer l's and the last layer's; `cacheable` only)."""
+        if self.config.selector == "pool":
+            return self.pooled(top, attention_mask)
         indices, slots, scores, all_scores = self.select(bottom, input_ids, attention_mask)
-        return self.gather(top, indices, slots, scores, all_scores)
+        return self.gather(top, indices, slots, scores, all_scores, attention_mask)
 
     encode_batch = forward  # the name the rest of the code base reads
 
@@ -393,7 +527,7 @@ def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
 class NuggetEncoder(Encoder):
     family = "nugget"
     config_class = NuggetConfig
-    capabilities = frozenset({"ratio", "long", "backends"})
+    capabilities = frozenset({"ratio", "long", "backends", "selection"})
 
     def __init__(self, config: NuggetConfig, name: str | None = None, tokenizer=None, model=None):
         super().__init__(config, name)
@@ -405,6 +539,7 @@ class NuggetEncoder(Encoder):
         self.device = "cpu"
         self.inference = ("auto", "fp32")  # (backend, precision): set_inference; runtime only, not saved
         self._states_runner = None  # built on first use (exported once, then read from the cache)
+        self._shared_states: dict | None = None  # sharing_states
 
     # --- built from MiniLM (the zoo and train-nugget start here) -------------------------------------
     @classmethod
@@ -454,6 +589,32 @@ class NuggetEncoder(Encoder):
             raise UsageError(f"--ratio must be in (0, 1], got {ratio}")
         self.config.ratio = ratio
         self.model.ratio = ratio
+
+    def set_selection(
+        self,
+        selector: str | None = None,
+        max_nuggets: int | None = -1,
+        prune_frequent: int | None = None,
+        aggregate: str | None = None,
+        assign_weight: float | None = None,
+    ) -> None:
+        """Change how nuggets are chosen at encode time (`docembed encode --selector/--max-vectors`): the
+        learned scorer or one of the rules it is measured against, a cap on nuggets per window (None: no
+        cap; -1: the model's), and whether each nugget gathers the tokens nearest it (`aggregate`,
+        `assign_weight`). None keeps the model's own value."""
+        changes = {
+            "selector": selector,
+            "prune_frequent": prune_frequent,
+            "aggregate": aggregate,
+            "assign_weight": assign_weight,
+        }
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if max_nuggets != -1:
+            changes["max_nuggets"] = max_nuggets
+        config = dataclasses.replace(self.config, **changes)
+        if config.selector in ("idf", "prune") and not hasattr(self.model, "idf"):
+            raise UsageError(f"selector {config.selector!r} needs an IDF table, which this model has not")
+        self.config = self.model.config = config
 
     def fit_idf(self, texts: Sequence[str]) -> None:
         """Fit the IDF table (selector "idf", `idf_prior`) on `texts`, cut as encode() cuts them."""
@@ -521,16 +682,42 @@ class NuggetEncoder(Encoder):
         return meta
 
     def _encode_batch(self, input_ids: torch.Tensor, attention: torch.Tensor):
-        if self.backend == "torch":
+        if self._shared_states is not None:
+            bottom, top = self._looked_up_states(input_ids, attention)
+        elif self.backend == "torch":
             return self.model.encode_batch(input_ids, attention)
+        else:
+            bottom, top = self._token_states(input_ids, attention)
+        return self.model.from_states(bottom, top, input_ids, attention)
+
+    def _token_states(self, input_ids: torch.Tensor, attention: torch.Tensor):
+        """(layer l's states, the last layer's states) of a batch, from the engine that runs the encoder."""
+        if self.backend == "torch":
+            bottom, mask = self.model.bottom_states(input_ids, attention)
+            return bottom, self.model.upper_states(bottom, mask)
         if self._states_runner is None:
             from docembed.models.nugget_inference import StatesRunner, calibration_batches
 
             self._states_runner = StatesRunner(
                 self.model, calibration_batches(self), self.backend, self.inference[1]
             )
-        bottom, top = self._states_runner.states(input_ids, attention)
-        return self.model.from_states(bottom, top, input_ids, attention)
+        return self._states_runner.states(input_ids, attention)
+
+    def _looked_up_states(self, input_ids: torch.Tensor, attention: torch.Tensor):
+        shared, lengths = self._shared_states, attention.sum(dim=1).tolist()
+        keys = [tuple(input_ids[row, :n].tolist()) for row, n in enumerate(lengths)]
+        missing = [row for row, key in enumerate(keys) if key not in shared]
+        if missing:
+            bottom, top = self._token_states(input_ids[missing], attention[missing])
+            for i, row in enumerate(missing):
+                n = lengths[row]
+                shared[keys[row]] = (bottom[i, :n].float().clone(), top[i, :n].float().clone())
+        bottom = torch.zeros((len(keys), input_ids.shape[1], self.dim), device=input_ids.device)
+        top = torch.zeros_like(bottom)
+        for row, key in enumerate(keys):
+            n = lengths[row]
+            bottom[row, :n], top[row, :n] = shared[key]
+        return bottom, top
 
     def set_long_documents(self, mode: str) -> None:
         if mode not in LONG_DOCUMENTS:
@@ -588,50 +775,32 @@ class NuggetEncoder(Encoder):
         """(positions in `ids`, input ids, attention mask) batches of similar lengths, as encode() runs."""
         return self._batches(ids, batch_size)
 
-    @torch.no_grad()
+    @contextmanager
+    def sharing_states(self, states: dict[tuple[int, ...], tuple]):
+        """Inside the block, encode() takes each window's token states (token ids -> (layer l's states, the
+        last layer's)) from `states`, computing and adding those it lacks. Models whose token states
+        depend on no trained weight (`model.cacheable`) over the same frozen backbone can share one dict:
+        each then runs only its selection and W_V, whatever its selector, r or long-document mode."""
+        if not self.model.cacheable:
+            raise UsageError("sharing token states needs a frozen encoder without feedback (model.cacheable)")
+        self._shared_states = states
+        try:
+            yield
+        finally:
+            self._shared_states = None
+
     def token_states(self, texts: Sequence[str], batch_size: int = 32) -> dict[tuple[int, ...], tuple]:
-        """Token ids -> (layer l's states, the last layer's states) of each text. Any model whose token
-        states depend on no trained weight (`model.cacheable`) over the same frozen backbone and scorer
-        layer can then encode these texts from them (`encode_from_states`) without running the encoder."""
-        network = self.model.eval()
-        ids = self.tokenize(texts)
-        states = {}
-        for chunk, input_ids, attention in self._batches(ids, batch_size):
-            bottom, mask = network.bottom_states(input_ids, attention)
-            top = network.upper_states(bottom, mask)
-            for row, i in enumerate(chunk):
-                n = len(ids[i])
-                states[tuple(ids[i])] = (bottom[row, :n].clone(), top[row, :n].clone())
+        """The token states of every window `encode(texts)` reads (see `sharing_states`)."""
+        states: dict[tuple[int, ...], tuple] = {}
+        with self.sharing_states(states):
+            self.encode(texts, batch_size)
         return states
 
-    @torch.no_grad()
     def encode_from_states(self, texts: Sequence[str], states: dict, batch_size: int = 64) -> MultiVectors:
         """encode(texts) from `token_states` of them (computed by this model or one sharing its frozen
-        backbone): the selection and W_V only, the computation of NuggetModel.forward."""
-        if not self.model.cacheable:
-            raise UsageError("encode_from_states needs a frozen encoder without feedback (model.cacheable)")
-        if not len(texts):
-            return self.encode([])
-        network = self.model.eval()
-        ids = self.tokenize(texts)
-        vectors = [np.zeros((0, self.dim), np.float32)] * len(ids)
-        positions = [np.zeros(0, np.int64)] * len(ids)
-        for chunk, input_ids, attention in self._batches(ids, batch_size):
-            width = input_ids.shape[1]
-            bottom = torch.zeros((len(chunk), width, self.dim), device=input_ids.device)
-            top = torch.zeros_like(bottom)
-            for row, i in enumerate(chunk):
-                n = len(ids[i])
-                bottom[row, :n], top[row, :n] = states[tuple(ids[i])]
-            out = network.from_states(bottom, top, input_ids, attention)
-            nuggets = out.nuggets.float()
-            if self.normalized:
-                nuggets = torch.nn.functional.normalize(nuggets, dim=-1)
-            for row, i in enumerate(chunk):
-                k = int(out.slots[row].sum())
-                vectors[i] = nuggets[row, :k].cpu().numpy()
-                positions[i] = out.indices[row, :k].cpu().numpy()
-        return MultiVectors.from_list(vectors, positions)
+        backbone)."""
+        with self.sharing_states(states):
+            return self.encode(texts, batch_size)
 
     @torch.no_grad()
     def reconstruct_ids(

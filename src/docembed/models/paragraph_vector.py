@@ -368,12 +368,11 @@ class ParagraphVectorEncoder(Encoder):
         return doc_vector[0]
 
     def _encode_parallel(self, texts: list[str], workers: int) -> list[np.ndarray]:
-        if _start_method() == "fork":
-            # The forked workers start with this encoder in (copy-on-write) memory: nothing is pickled.
-            context, initargs = multiprocessing.get_context("fork"), (self, None)
-        else:
-            context, initargs = multiprocessing.get_context(_start_method()), (None, str(self._saved_dir()))
+        # Never fork this process: once torch or onnxruntime have started their thread pools, a forked child
+        # can wait forever on a lock a vanished thread held. Workers load the model from its saved folder.
+        context = multiprocessing.get_context(_start_method())
         chunksize = max(1, len(texts) // (workers * 8))
+        initargs = (str(self._saved_dir()),)
         with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
             return pool.map(_encode_in_worker, texts, chunksize=chunksize)
 
@@ -492,7 +491,7 @@ _worker_encoder: ParagraphVectorEncoder | None = None
 
 
 def _start_method() -> str:
-    return "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def _remove_later(directory: Path) -> Path:
@@ -500,15 +499,14 @@ def _remove_later(directory: Path) -> Path:
     return directory
 
 
-def _init_worker(encoder: ParagraphVectorEncoder | None, directory: str | None) -> None:
+def _init_worker(directory: str) -> None:
     global _worker_encoder
     import signal
 
-    # Forked workers inherit docembed's SIGTERM handler, which reports "terminated" and unwinds a command;
-    # the pool ends its workers with SIGTERM, which must stay silent. Ctrl-C is the parent's to handle.
+    # The pool ends its workers with SIGTERM, which must stay silent; Ctrl-C is the parent's to handle.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker_encoder = encoder if encoder is not None else ParagraphVectorEncoder.load(directory)
+    _worker_encoder = ParagraphVectorEncoder.load(directory)
     _worker_encoder.workers = 1
 
 

@@ -24,7 +24,7 @@ the tokens around the 0.1 cut too, and the scorer learns to order them (zoo/nugg
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -280,11 +280,29 @@ def pi_train_pairs(docs: dict[str, str], tasks, held: set[str]) -> Iterator[tupl
         yield docs[source], docs[gold], others
 
 
-def write_training_pairs(path: str | Path, sts: bool = True, data_root: str | None = None) -> dict[str, int]:
+def halves_pairs(documents: Sequence[str]) -> list[tuple[str, str, list[str]]]:
+    """(first half, second half, no negatives) of each document, cut at its middle word: two parts of one
+    text about the same thing, made without labels (the batch's other documents are the negatives)."""
+    pairs = []
+    for text in documents:
+        words = text.split()
+        middle = len(words) // 2
+        if middle:
+            pairs.append((" ".join(words[:middle]), " ".join(words[middle:]), []))
+    return pairs
+
+
+def write_training_pairs(
+    path: str | Path,
+    sts: bool = True,
+    data_root: str | None = None,
+    halves_of: Sequence[str] = (),
+) -> dict[str, int]:
     """Write JSON Lines {"source", "target"[, "negatives"]} paraphrase pairs, both directions, for
     `train-nugget`: PI train (task source -> gold candidate, the task's other candidates as negatives; the
-    held-out queries' documents excluded) and (`sts`) the STS-B / SICK *train* pairs scored >= 4. No PI dev
-    text. Returns the pair count of each source."""
+    held-out queries' documents excluded), (`sts`) the STS-B / SICK *train* pairs scored >= 4, and the two
+    halves of each of `halves_of` (long documents the caller chose away from its validation tasks). No PI
+    dev text. Returns the pair count of each source."""
     import json
 
     from docembed import datasets
@@ -295,6 +313,8 @@ def write_training_pairs(path: str | Path, sts: bool = True, data_root: str | No
     for name, minimum in STS_MIN_SCORE.items() if sts else ():
         rows = datasets.records(name, data_root)
         pairs[name] = [(r["s1"], r["s2"], []) for r in rows if r["score"] >= minimum]
+    if halves_of:
+        pairs["halves"] = halves_pairs(halves_of)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as out:
