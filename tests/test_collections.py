@@ -415,3 +415,26 @@ def test_smaller_index_storage_ranks_as_float32_does_in_fewer_bytes(capfd, tmp_p
         capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "b", "-t", "bm25", "--storage", storage
     )
     assert refused.code != 0 and "--storage is for faiss indexes" in refused.err
+
+
+@pytest.mark.parametrize("storage", ["float32", "int8"])
+def test_multi_vector_index_keeps_its_vectors_once_and_scores_the_same_saved(tmp_path, storage):
+    from docembed.faiss_index import VectorIndex
+    from docembed.types import MultiVectors
+
+    rng = np.random.default_rng(9)
+    sets = [_unit(rng, int(n), 16) for n in rng.integers(2, 6, size=30)]
+    emb = EmbeddingSet(MultiVectors.from_list(sets), [f"d{i}" for i in range(30)], {"model": "m"})
+    built = VectorIndex.build(emb, "flat", storage)
+    queries = MultiVectors.from_list(sets[:5])
+    before = built.search(queries, 5)
+    built.save(tmp_path / "i")
+    assert sorted(p.name for p in (tmp_path / "i").iterdir()) == [
+        "ids.json",
+        "index.faiss",
+        "meta.json",
+        "offsets.npy",
+    ]
+    assert VectorIndex.load(tmp_path / "i").search(queries, 5) == before  # MaxSim reads what faiss holds
+    np.save(tmp_path / "i" / "vectors.npy", built.multi.vectors)  # an index saved before 2026-11-25
+    assert VectorIndex.load(tmp_path / "i").search(queries, 5) == before

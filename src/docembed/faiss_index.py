@@ -6,7 +6,8 @@ Dense embeddings: inner product over L2-normalised vectors (cosine). Kinds: `fla
 `hnsw` (graph, approximate), `ivf` (inverted lists; nlist = ~sqrt(n), trained on the data).
 Multi-vector embeddings (NUGGET nuggets, token vectors): every vector is indexed and remembers its
 document; a query's vectors each fetch their nearest vectors, the documents they belong to become
-candidates, and candidates are rescored exactly with mean-MaxSim (the vectors are kept in vectors.npy).
+candidates, and candidates are rescored exactly with mean-MaxSim over the vectors as faiss holds them (read
+back from index.faiss at load time: stored once; indexes before 2026-11-25 kept a copy in vectors.npy).
 On a machine with faiss-gpu and `--device cuda`, search runs on the GPU.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
-from docembed.io.embeddings import STORAGES, restored_vectors, stored_arrays
+from docembed.io.embeddings import STORAGES
 from docembed.io.outputs import DirectoryKind, atomic_path
 from docembed.scoring import maxsim_one_to_many
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors, l2_normalize
@@ -100,10 +101,12 @@ def _without_rows(index, keep: np.ndarray, vectors: np.ndarray | None = None):
     return fresh
 
 
-def _as_stored(vectors: np.ndarray, storage: str) -> np.ndarray:
-    """Unit vectors as a saved index reads them back (float32 values of `storage`'s rounding), so that an
-    index in memory scores exactly as the same index saved and loaded."""
-    return restored_vectors(stored_arrays(l2_normalize(vectors), storage)).astype(np.float32)
+def _held(index, start: int = 0) -> np.ndarray:
+    """The vectors faiss holds from row `start` on, as float32 (a scalar quantizer's rounding included):
+    what MaxSim reads, so an index in memory scores exactly as the same index saved and loaded."""
+    if hasattr(index, "make_direct_map"):  # IVF: reconstruct needs the id -> list map
+        index.make_direct_map()
+    return index.reconstruct_n(start, index.ntotal - start).astype(np.float32)
 
 
 class VectorIndex:
@@ -115,8 +118,8 @@ class VectorIndex:
 
     @classmethod
     def build(cls, embeddings: EmbeddingSet, kind: str = "flat", storage: str = "float32") -> VectorIndex:
-        """`storage` (float32 | float16 | int8): how the faiss index and, multi-vector, the vectors kept
-        for exact MaxSim hold them (io.embeddings.STORAGES; docs/nugget_baselines.md)."""
+        """`storage` (float32 | float16 | int8, io.embeddings.STORAGES): how faiss holds the vectors (its
+        scalar quantizers); a multi-vector index's MaxSim reads them as held (docs/nugget_baselines.md)."""
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
         metadata = dict(embeddings.metadata, index_kind=kind, count=len(embeddings))
@@ -125,8 +128,9 @@ class VectorIndex:
         _refuse_non_finite(embeddings)
         if embeddings.is_multi:
             multi = embeddings.data
-            multi = MultiVectors(_as_stored(multi.vectors, storage), multi.offsets, multi.positions)
-            return cls(_build_faiss(multi.vectors, kind, storage), list(embeddings.ids), metadata, multi)
+            index = _build_faiss(l2_normalize(multi.vectors.astype(np.float32)), kind, storage)
+            multi = MultiVectors(_held(index), multi.offsets, multi.positions)
+            return cls(index, list(embeddings.ids), metadata, multi)
         vectors = l2_normalize(np.asarray(embeddings.data, dtype=np.float32))
         return cls(_build_faiss(vectors, kind, storage), list(embeddings.ids), metadata)
 
@@ -195,8 +199,9 @@ class VectorIndex:
             raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {self.index.d}-d")
         if self.multi is not None:
             new = embeddings.data
-            vectors = _as_stored(new.vectors, self.metadata.get("storage", "float32"))
-            self.index.add(vectors)
+            before = self.index.ntotal
+            self.index.add(l2_normalize(new.vectors.astype(np.float32)))
+            vectors = _held(self.index, before)
             self.multi = MultiVectors.concat([self.multi, MultiVectors(vectors, new.offsets)])
             self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
         else:
@@ -268,10 +273,7 @@ class VectorIndex:
         with atomic_path(directory / "index.faiss") as tmp:
             faiss.write_index(index, str(tmp))
         write_ids(directory, self.ids)
-        if self.multi is not None:
-            storage = self.metadata.get("storage", "float32")
-            for name, array in stored_arrays(self.multi.vectors, storage).items():
-                np.save(directory / f"{name}.npy", array)
+        if self.multi is not None:  # the vectors themselves are index.faiss's (`_held` at load time)
             np.save(directory / "offsets.npy", self.multi.offsets)
         (directory / "meta.json").write_text(json.dumps(self.metadata, indent=2) + "\n", encoding="utf-8")
 
@@ -284,7 +286,7 @@ class VectorIndex:
         index = _read_faiss(directory / "index.faiss")
         ids = read_ids(directory)
         metadata = _read_index_meta(directory / "meta.json")
-        multi = _read_multi(directory) if (directory / "offsets.npy").exists() else None
+        multi = _read_multi(directory, index) if (directory / "offsets.npy").exists() else None
         _check_counts(directory, index, ids, metadata, multi)
         _check_stored_vectors(directory, index, multi)
         return cls(index, ids, metadata, multi)
@@ -351,12 +353,12 @@ def _read_index_meta(path: Path) -> dict:
     return metadata
 
 
-def _read_multi(directory: Path) -> MultiVectors:
+def _read_multi(directory: Path, index) -> MultiVectors:
     try:
-        arrays = {"vectors": np.load(directory / "vectors.npy", allow_pickle=False)}
-        if (directory / "scales.npy").exists():
-            arrays["scales"] = np.load(directory / "scales.npy", allow_pickle=False)
-        vectors = restored_vectors(arrays)
+        if (directory / "vectors.npy").exists():  # an index saved before 2026-11-25 kept a copy
+            vectors = np.load(directory / "vectors.npy", allow_pickle=False)
+        else:
+            vectors = _held(index)
         offsets = np.load(directory / "offsets.npy", allow_pickle=False)
         if vectors.ndim != 2 or offsets.ndim != 1 or len(offsets) == 0:
             raise ValueError(f"vectors of shape {vectors.shape} and offsets of shape {offsets.shape}")

@@ -28,8 +28,8 @@ def build(
     storage: str = typer.Option(
         "float32",
         "--storage",
-        help="float32 | float16 | int8: how the index holds the vectors (faiss' scalar quantizers; a "
-        "multi-vector index stores its MaxSim vectors the same way): half or a quarter of the bytes.",
+        help="float32 | float16 | int8: how the index holds the vectors (faiss' scalar quantizers; "
+        "multi-vector MaxSim reads them as held): half or a quarter of the bytes.",
     ),
     id_field: str = common.ID_FIELD,
     text_field: str = common.TEXT_FIELD,
