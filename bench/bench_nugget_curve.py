@@ -146,10 +146,10 @@ def run_row(model, settings: dict, storage: str, evaluator, metric: str, states:
     encoder.set_ratio(settings["ratio"])
     encoder.set_selection(
         settings["selector"],
-        settings.get("cap"),
-        settings.get("prune", 1000),
-        settings["aggregate"],
-        settings["assign_weight"],
+        max_nuggets=settings.get("cap"),
+        prune_frequent=settings.get("prune", 1000),
+        aggregate=settings["aggregate"],
+        assign_weight=settings["assign_weight"],
     )
     counts = []
 
@@ -188,7 +188,7 @@ def encode_times(model, documents: int = 200) -> dict:
         ("nugget", "scorer", "assign"),
         ("pool", "pool", "none"),
     ):
-        encoder.set_selection(selector, None, None, aggregate, ASSIGN_WEIGHT)
+        encoder.set_selection(selector, max_nuggets=None, aggregate=aggregate, assign_weight=ASSIGN_WEIGHT)
         times[label] = encode_time(encoder, documents)
     encoder.set_long_documents("windows")
     return times

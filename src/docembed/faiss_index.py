@@ -92,9 +92,7 @@ def _without_rows(index, keep: np.ndarray, vectors: np.ndarray | None = None):
         index.remove_ids(faiss.IDSelectorBatch(np.flatnonzero(~keep).astype(np.int64)))
         return index
     if vectors is None:
-        if hasattr(index, "make_direct_map"):
-            index.make_direct_map()
-        vectors = index.reconstruct_n(0, index.ntotal)[keep]
+        vectors = _held(index)[keep]
     fresh = faiss.clone_index(index)  # IVF: the trained centroids stay; HNSW: its settings
     fresh.reset()
     fresh.add(np.ascontiguousarray(vectors, dtype=np.float32))

@@ -84,8 +84,10 @@ class EncodeSettings:
     def apply(self, encoder: Encoder) -> Encoder:
         if self.ratio is not None:
             encoder.set_ratio(self.ratio)
-        if self.selector is not None or self.max_vectors is not None:
-            encoder.set_selection(self.selector, -1 if self.max_vectors is None else self.max_vectors)
+        if self.max_vectors is not None:
+            encoder.set_selection(self.selector, max_nuggets=self.max_vectors)
+        elif self.selector is not None:
+            encoder.set_selection(self.selector)
         if self.long_documents is not None:
             encoder.set_long_documents(self.long_documents)
         if self.backend or self.precision:
@@ -195,14 +197,7 @@ class Encoder(ABC):
         """Multi-vector families with a compression ratio ("ratio") override this."""
         self.require("ratio")
 
-    def set_selection(
-        self,
-        selector: str | None = None,
-        max_nuggets: int | None = -1,
-        prune_frequent: int | None = None,
-        aggregate: str | None = None,
-        assign_weight: float | None = None,
-    ) -> None:
+    def set_selection(self, selector: str | None = None, **changes: Any) -> None:
         """Multi-vector families that choose their vectors by a rule or a learned scorer ("selection")."""
         self.require("selection")
 

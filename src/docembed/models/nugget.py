@@ -64,6 +64,7 @@ SELECTORS = ("scorer", "chunk", "idf", "prune", "pool")
 FREEZES = ("bottom", "encoder", "encoder+value")
 KINDS = ("bert", "bart")
 AGGREGATES = ("none", "assign")
+SELECTION_FIELDS = frozenset({"max_nuggets", "prune_frequent", "aggregate", "assign_weight"})
 LONG_DOCUMENTS = LONG_MODES
 
 
@@ -271,14 +272,17 @@ def pool_hierarchical(
         else:
             tree = linkage(vectors.cpu().double().numpy(), method="ward")
             labels = fcluster(tree, t=k, criterion="maxclust") - 1
-        # clusters numbered by their first token, so the nuggets come in text order
-        _, first = np.unique(labels, return_index=True)
+        # clusters renumbered by their first token, so the nuggets come in text order
+        _, first, labels = np.unique(labels, return_index=True, return_inverse=True)
         order = np.argsort(first)
-        members = torch.as_tensor(labels, device=states.device)
-        for slot, cluster in enumerate(order):
-            nuggets[row, slot] = vectors[members == int(cluster)].mean(dim=0).to(states.dtype)
-            positions[row, slot] = int(first[cluster])
-        slots[row, : len(order)] = True
+        slot_of = np.empty_like(order)
+        slot_of[order] = np.arange(len(order))
+        members = torch.as_tensor(slot_of[labels], device=states.device)
+        m = len(order)
+        sums = torch.zeros((m, vectors.shape[1]), device=states.device).index_add_(0, members, vectors)
+        nuggets[row, :m] = (sums / torch.bincount(members, minlength=m)[:, None]).to(states.dtype)
+        positions[row, :m] = torch.as_tensor(first[order], device=states.device)
+        slots[row, :m] = True
     return nuggets, positions, slots
 
 
@@ -590,27 +594,16 @@ class NuggetEncoder(Encoder):
         self.config.ratio = ratio
         self.model.ratio = ratio
 
-    def set_selection(
-        self,
-        selector: str | None = None,
-        max_nuggets: int | None = -1,
-        prune_frequent: int | None = None,
-        aggregate: str | None = None,
-        assign_weight: float | None = None,
-    ) -> None:
+    def set_selection(self, selector: str | None = None, **changes: Any) -> None:
         """Change how nuggets are chosen at encode time (`docembed encode --selector/--max-vectors`): the
-        learned scorer or one of the rules it is measured against, a cap on nuggets per window (None: no
-        cap; -1: the model's), and whether each nugget gathers the tokens nearest it (`aggregate`,
-        `assign_weight`). None keeps the model's own value."""
-        changes = {
-            "selector": selector,
-            "prune_frequent": prune_frequent,
-            "aggregate": aggregate,
-            "assign_weight": assign_weight,
-        }
-        changes = {k: v for k, v in changes.items() if v is not None}
-        if max_nuggets != -1:
-            changes["max_nuggets"] = max_nuggets
+        learned scorer or one of the rules it is measured against (`selector`; None keeps the model's),
+        and any of the config's selection fields given: `max_nuggets` (a cap per window, None for none),
+        `prune_frequent`, `aggregate`, `assign_weight`."""
+        unknown = set(changes) - SELECTION_FIELDS
+        if unknown:
+            raise UsageError(f"not a selection setting: {', '.join(sorted(unknown))}")
+        if selector is not None:
+            changes["selector"] = selector
         config = dataclasses.replace(self.config, **changes)
         if config.selector in ("idf", "prune") and not hasattr(self.model, "idf"):
             raise UsageError(f"selector {config.selector!r} needs an IDF table, which this model has not")
