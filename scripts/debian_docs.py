@@ -1,0 +1,152 @@
+"""Long documentation from Debian packages, as JSONL: the text the student meets outside reviews and news.
+
+The packages (debian-handbook, debian-reference-en, perl-doc, postgresql-doc-15, git-doc) are fetched from
+the Debian archive with `apt-get download` into a cache folder (default runs/debian-docs/, git-ignored) and
+unpacked there. Each HTML page (the handbook's English pages only) or POD file (perl-doc, rendered by
+`pod2text`) is one document: its prose paragraphs of six or more words that contain a letter, in page order,
+joined by newlines (navigation, code and option lists are mostly short lines and drop out). A page whose
+text equals an earlier one's is written once. Every document gets a split by a hash of its id: `val`
+(a tenth), `test` (a tenth) and `train` (the rest).
+
+The Debian packages linux-doc-* and python3*-doc are reserved for independent evaluation: never fetched here.
+Derived data: written under runs/, never shipped.
+
+    python scripts/debian_docs.py runs/debian-docs/docs.jsonl [--cache runs/debian-docs] [--min-words 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import html.parser
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+# package -> (folder inside the package, file pattern)
+PACKAGES = {
+    "debian-handbook": ("usr/share/doc/debian-handbook/html/en-US", "*.html"),
+    "debian-reference-en": ("usr/share/debian-reference", "*.en.html"),
+    "perl-doc": ("usr/share/perl", "*.pod"),
+    "postgresql-doc-15": ("usr/share/doc/postgresql-doc-15/html", "*.html"),
+    "git-doc": ("usr/share/doc/git-doc", "*.html"),
+}
+MIN_WORDS = 6  # a shorter line is navigation, a heading or an option, not prose
+BLOCKS = {"p", "li", "dd", "dt", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "div", "blockquote", "br"}
+SKIPPED = {"pre", "code", "script", "style", "head"}
+
+
+class _Paragraphs(html.parser.HTMLParser):
+    """Text of an HTML page cut at block elements; preformatted text, scripts and styles left out."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.paragraphs: list[str] = []
+        self._current: list[str] = []
+        self._skipping = 0
+
+    def flush(self):
+        text = re.sub(r"\s+", " ", "".join(self._current)).strip()
+        if text:
+            self.paragraphs.append(text)
+        self._current = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag in SKIPPED:
+            self._skipping += 1
+        elif tag in BLOCKS:
+            self.flush()
+
+    def handle_endtag(self, tag):
+        if tag in SKIPPED:
+            self._skipping = max(0, self._skipping - 1)
+        elif tag in BLOCKS:
+            self.flush()
+
+    def handle_data(self, data):
+        if not self._skipping:
+            self._current.append(data)
+
+    def close(self):
+        super().close()
+        self.flush()
+
+
+def prose(paragraphs: list[str]) -> list[str]:
+    return [p for p in paragraphs if len(p.split()) >= MIN_WORDS and re.search(r"[A-Za-z]", p)]
+
+
+def html_paragraphs(path: Path) -> list[str]:
+    parser = _Paragraphs()
+    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    parser.close()
+    return prose(parser.paragraphs)
+
+
+def pod_paragraphs(path: Path) -> list[str]:
+    rendered = subprocess.run(["pod2text", str(path)], capture_output=True, timeout=60)
+    if rendered.returncode != 0:
+        return []
+    text = rendered.stdout.decode("utf-8", errors="replace")
+    # pod2text separates paragraphs by blank lines and indents code further than prose (4 spaces)
+    blocks = [b for b in re.split(r"\n\s*\n", text) if not b.startswith("        ")]
+    return prose([re.sub(r"\s+", " ", b).strip() for b in blocks])
+
+
+def split_of(doc_id: str) -> str:
+    """val / test / train by a hash of the id (a tenth, a tenth, the rest)."""
+    bucket = hashlib.sha1(doc_id.encode()).digest()[0] % 10
+    return "val" if bucket == 0 else "test" if bucket == 1 else "train"
+
+
+def fetch(cache: Path) -> Path:
+    """Download and unpack the packages into `cache` once; the folder they were unpacked into."""
+    unpacked = cache / "unpacked"
+    if (unpacked / ".done").exists():
+        return unpacked
+    unpacked.mkdir(parents=True, exist_ok=True)
+    got = subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, capture_output=True, text=True)
+    if got.returncode != 0:
+        sys.exit(f"apt-get download failed (the Debian archive must be reachable): {got.stderr.strip()}")
+    for deb in sorted(cache.glob("*.deb")):
+        print(f"unpacking {deb.name}", file=sys.stderr)  # the archive's current versions: the file names say
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked / deb.name.split("_")[0])], check=True)
+    (unpacked / ".done").write_text("")
+    return unpacked
+
+
+def documents(unpacked: Path):
+    for package, (folder, pattern) in PACKAGES.items():
+        for path in sorted((unpacked / package / folder).rglob(pattern)):
+            paragraphs = pod_paragraphs(path) if path.suffix == ".pod" else html_paragraphs(path)
+            yield f"{package}/{path.name}", package, paragraphs
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("output", type=Path)
+    parser.add_argument("--cache", type=Path, default=Path("runs/debian-docs"))
+    parser.add_argument("--min-words", type=int, default=300, help="skip shorter documents")
+    args = parser.parse_args(argv)
+    unpacked = fetch(args.cache)
+    seen: set[str] = set()
+    counts: dict[str, int] = {}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    with open(args.output, "w", encoding="utf-8") as out:
+        for doc_id, package, paragraphs in documents(unpacked):
+            text = "\n".join(paragraphs)
+            digest = hashlib.sha1(text.encode()).hexdigest()
+            if len(text.split()) < args.min_words or digest in seen:
+                continue
+            seen.add(digest)
+            row = {"id": doc_id, "source": package, "split": split_of(doc_id), "text": text}
+            out.write(json.dumps(row) + "\n")
+            counts[package] = counts.get(package, 0) + 1
+    summary = ", ".join(f"{package} {n}" for package, n in counts.items())
+    print(f"{sum(counts.values())} documents of >= {args.min_words} words ({summary}) -> {args.output}")
+
+
+if __name__ == "__main__":
+    main()
