@@ -20,6 +20,7 @@ tf-idf; per-query reciprocal ranks are kept under runs/student_kinds/ so a rerun
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import pathlib
 import subprocess
@@ -84,27 +85,34 @@ def tasks(splits: list[str], man_pages: int) -> dict[str, dict]:
     return out
 
 
+def task_key(task: str, split: str, pair: tuple[list[str], list[str]]) -> str:
+    """A cache key that changes with the task's texts (other pages, passages or --man-pages)."""
+    digest = hashlib.sha1(json.dumps(pair).encode()).hexdigest()[:16]
+    return f"{task}/{split}/{digest}"
+
+
 def ranks(label: str, name: str, options: dict, all_tasks: dict) -> dict[str, dict[str, list[float]]]:
-    """Per-query reciprocal ranks of one model, computed once per (task, split) and kept under WORK, keyed
-    by the model's identity (its weights' files and settings: a retrained model is measured again)."""
+    """Per-query reciprocal ranks of one model, computed once per task and kept under WORK, keyed by the
+    model's identity (its weights' files and settings: a retrained model is measured again) and the task's
+    texts."""
     import docembed
     from docembed.encoding import model_identity
 
     identity = model_identity(docembed.load(name, device="cpu", **options).encoder)
     cache = WORK / f"{label.replace(' ', '_').replace('/', '_')}-{identity}.json"
     known = json.loads(cache.read_text()) if cache.exists() else {}
-    missing = {
-        task: {s: pair for s, pair in by_split.items() if s not in known.get(task, {})}
-        for task, by_split in all_tasks.items()
-    }
-    missing = {task: by_split for task, by_split in missing.items() if by_split}
+    keys = {(t, s): task_key(t, s, pair) for t, by_split in all_tasks.items() for s, pair in by_split.items()}
+    missing: dict[str, dict] = {}
+    for (task, split), key in keys.items():
+        if key not in known:
+            missing.setdefault(task, {})[split] = all_tasks[task][split]
     if missing:
         result = bench_long.run_model(label, name, options, missing)
         for task, by_split in result["tasks"].items():
-            known.setdefault(task, {}).update(by_split)
+            known.update({keys[task, split]: rr for split, rr in by_split.items()})
         WORK.mkdir(parents=True, exist_ok=True)
         cache.write_text(json.dumps(known))
-    return known
+    return {task: {s: known[keys[task, s]] for s in by_split} for task, by_split in all_tasks.items()}
 
 
 def main(
