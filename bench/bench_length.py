@@ -29,6 +29,7 @@ MODELS = (
     ("sbert-windows", "sbert-windows", {}),
     ("nugget", "nugget", {}),
     ("student", "student", {}),
+    ("student --max-length 8192", "student", {"max_length": 8192}),
     ("static", "static", {}),
 )
 
@@ -136,5 +137,7 @@ if __name__ == "__main__":
         print(json.dumps(cell(name, json.loads(options), int(tokens))))
     else:
         result = run(args.lengths, args.models)
+        if args.models and OUT.exists():  # a subset re-measured: the other rows stay as they were
+            result["models"] = {**json.loads(OUT.read_text())["models"], **result["models"]}
         OUT.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result, indent=1))

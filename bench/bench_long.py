@@ -47,6 +47,15 @@ MODELS = (
     ("nugget", "nugget", {}),
     ("student --long truncate", "student", {"long_documents": "truncate"}),
     ("student", "student", {}),
+    # the student's other ways to read a whole page (#29): longer passes (positions tiled past the 2,048 it
+    # was trained at), and late chunking (one vector per 256 tokens of the long pass, MaxSim)
+    ("student --max-length 8192", "student", {"max_length": 8192}),
+    ("student --long late-chunks", "student", {"long_documents": "late-chunks"}),
+    (
+        "student --long late-chunks --max-length 8192",
+        "student",
+        {"long_documents": "late-chunks", "max_length": 8192},
+    ),
 )
 
 
@@ -185,7 +194,11 @@ def summarise(
 
 
 def main(
-    out_dir: pathlib.Path | None = None, full: bool = False, docs: int = 80, models: list[str] | None = None
+    out_dir: pathlib.Path | None = None,
+    full: bool = False,
+    docs: int = 80,
+    models: list[str] | None = None,
+    out: pathlib.Path = OUT,
 ):
     import docembed
 
@@ -214,7 +227,7 @@ def main(
         "threads": os.environ.get("OMP_NUM_THREADS"),
         "models": summarise(results, lengths),
     }
-    OUT.write_text(json.dumps(summary, indent=2) + "\n")
+    pathlib.Path(out).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -222,7 +235,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--docs", type=int, default=80)
     parser.add_argument("--models", help="comma-separated labels (default: all)")
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=OUT, help="results file (a subset: not long.json)"
+    )
     args = parser.parse_args()
-    result = main(docs=args.docs, models=args.models.split(",") if args.models else None)
+    result = main(docs=args.docs, models=args.models.split(",") if args.models else None, out=args.out)
     json.dump(result, sys.stdout, indent=1)
     print()

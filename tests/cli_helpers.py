@@ -87,3 +87,23 @@ def _kill_marked(marker: str) -> None:
                 os.kill(int(entry.name), signal.SIGKILL)
         except OSError:  # gone, or not ours to read
             continue
+
+
+def encode_fp32_and_int8(capfd, model_dir: Path, texts: list[str], suffix: str) -> dict:
+    """`docembed encode --precision fp32|int8` of a saved model over `texts`, each checked to exit 0 with
+    nothing on stdout (the quantiser's chatter goes to stderr): precision -> the loaded EmbeddingSet."""
+    from docembed.io.embeddings import load_embeddings
+
+    work = model_dir.parent
+    corpus = work / "docs.txt"
+    corpus.write_text("\n".join(t for t in texts if t) + "\n", encoding="utf-8")
+    outputs = {}
+    for precision in ("fp32", "int8"):
+        output = work / f"{precision}{suffix}"
+        result = invoke(capfd, "encode", corpus, "-m", model_dir, "--precision", precision, "-o", output)
+        assert result.code == 0, result.err
+        assert not result.out
+        outputs[precision] = load_embeddings(str(output))
+    assert outputs["int8"].metadata.get("inference") == "openvino-int8"
+    assert "inference" not in outputs["fp32"].metadata
+    return outputs

@@ -245,3 +245,55 @@ def test_long_document_task_fuses_retrieval_and_probes_the_model_part(fusion):
     assert any("fusion's model part" in note for note in result.notes)
     fusion.config.weight = 1.0  # retrieval fused: at weight 1, the model's own ranking
     assert task.run(fusion).metrics["map@100"] == pytest.approx(alone.metrics["map@100"])
+
+
+@pytest.mark.parametrize("storage", ["flat", "multi"])
+def test_hybrid_search_ranks_as_the_fusion_reranks_the_whole_corpus(
+    capfd, tmp_path, tiny_sbert_dir, tiny_sbert_tokens_dir, storage
+):
+    """`search INDEX --lexical-index BM25 -m bm25+MODEL`: with --depth covering the corpus, every document is
+    a candidate, so the fused ranking is the fusion's own over all of them; a small depth keeps only hits of
+    either index, each scored by both parts."""
+    model = tiny_sbert_dir if storage == "flat" else tiny_sbert_tokens_dir
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    assert invoke(capfd, "encode", corpus, "-m", model, "-o", tmp_path / "e.npz").code == 0
+    assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "dense").code == 0
+    assert invoke(capfd, "index", "build", corpus, "-t", "bm25", "-o", tmp_path / "bm25").code == 0
+    args = ["search", tmp_path / "dense", "--lexical-index", tmp_path / "bm25", "-m", f"bm25+{model}"]
+    result = invoke(capfd, *args, *[x for q in QUERIES for x in ("--query", q)], "-k", "3", "--depth", "50")
+    assert result.code == 0, result.err
+    fusion = load_model(f"bm25+{model}").fit(DOCS)
+    for line, query in zip(result.out.splitlines(), QUERIES, strict=True):
+        expected = fusion.score(query, DOCS)
+        order = np.argsort(-expected, kind="stable")[:3]
+        hits = json.loads(line)["results"]
+        assert [h["id"] for h in hits] == [f"d{i}" for i in order]
+        assert [h["score"] for h in hits] == pytest.approx([float(expected[i]) for i in order], abs=1e-5)
+
+    # depth 1: the candidates are the top hit of each index, no other document
+    def top(*search_args):
+        return json.loads(invoke(capfd, "search", *search_args, "-k", "1").out)["results"][0]["id"]
+
+    for query in QUERIES:
+        tops = {top(tmp_path / "dense", "--query", query), top(tmp_path / "bm25", "--query", query)}
+        shallow = json.loads(invoke(capfd, *args, "--query", query, "-k", "1", "--depth", "1").out)["results"]
+        assert len(shallow) == 1 and shallow[0]["id"] in tops
+
+
+def test_hybrid_search_refusals(capfd, tmp_path, tiny_sbert_dir):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    assert invoke(capfd, "encode", corpus, "-m", tiny_sbert_dir, "-o", tmp_path / "e.npz").code == 0
+    assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "dense").code == 0
+    assert invoke(capfd, "index", "build", corpus, "-t", "bm25", "-o", tmp_path / "bm25").code == 0
+    plain = invoke(
+        capfd, "search", tmp_path / "dense", "--lexical-index", tmp_path / "bm25", "--query", "cat"
+    )
+    assert plain.code != 0 and "LEXICAL+MODEL" in plain.err
+    no_index = invoke(capfd, "search", tmp_path / "dense", "-m", f"bm25+{tiny_sbert_dir}", "--query", "cat")
+    assert no_index.code != 0 and "--lexical-index" in no_index.err
+    swapped = invoke(
+        capfd, "search", tmp_path / "bm25", "--lexical-index", tmp_path / "dense", "--query", "x"
+    )
+    assert swapped.code != 0 and "bm25 index" in swapped.err

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from docembed.models.local_attention import banded_attention, local_forward, self_attention
+from docembed.models.local_attention import (
+    BlockedLongformer,
+    banded_attention,
+    local_forward,
+    self_attention,
+    whole_blocks,
+)
 from docembed.models.student import StudentConfig, StudentEncoder, _longformer_dict
 
 WINDOW = 8
@@ -98,7 +104,9 @@ def test_self_attention_equals_transformers_layer(longformer, lengths):
             is_index_global_attn=torch.zeros_like(key_padding),
             is_global_attn=False,
         )[0]
-        got = self_attention(layer, hidden, key_padding, block=3)
+        got = self_attention(
+            layer, hidden, key_padding, lambda q, k, v, padding, w: banded_attention(q, k, v, padding, w, 3)
+        )
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
     hf_reference = dense_reference_from_layer(layer, hidden, key_padding)
     # and transformers' own band is |i - j| <= w/2 with padding keys left out
@@ -156,3 +164,33 @@ def test_student_encode_same_with_and_without_local_attention(longformer, minilm
     slow = student.encode(texts, batch_size=3)
     assert fast.shape == (len(texts), 32)
     np.testing.assert_allclose(fast, slow, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("lengths", [[16], [37, 20, 2]])
+def test_blocked_longformer_equals_longformer_model_on_whole_blocks(longformer, lengths):
+    """The exportable graph: a batch padded to whole blocks gives transformers' states on the real tokens."""
+    multiple = whole_blocks(longformer, block=3)
+    assert (
+        multiple == 2
+    )  # windows 8 and 16: one-sided 4 and 8, both in blocks of 2 (the largest divisor <= 3)
+    ids, mask = batch(lengths)
+    width = -(-ids.shape[1] // multiple) * multiple
+    padded_ids = torch.nn.functional.pad(ids, (0, width - ids.shape[1]), value=1)
+    padded_mask = torch.nn.functional.pad(mask, (0, width - mask.shape[1]))
+    with torch.no_grad():
+        expected = longformer(input_ids=ids, attention_mask=mask).last_hidden_state
+        got = BlockedLongformer(longformer, block=3)(padded_ids, padded_mask)[:, : ids.shape[1]]
+    real = mask.bool()
+    torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=0)
+
+
+def test_blocked_longformer_traced_once_holds_for_other_lengths(longformer):
+    """What an exporter does: trace at one length, run at others (no branch or shape frozen in the graph)."""
+    module = BlockedLongformer(longformer).eval()
+    multiple = whole_blocks(longformer)
+    ids, mask = batch([2 * multiple])
+    with torch.no_grad():
+        traced = torch.jit.trace(module, (ids, mask), check_trace=False)
+        for lengths in ([multiple], [5 * multiple, 3 * multiple - 1, 1]):
+            ids, mask = batch(lengths)
+            torch.testing.assert_close(traced(ids, mask), module(ids, mask), atol=1e-5, rtol=0)

@@ -8,6 +8,7 @@ import pytest
 
 import docembed
 from cli_helpers import invoke
+from docembed.errors import UsageError
 from docembed.tensors import token_windows
 
 LONG = " ".join(f"word{i % 97} is here" for i in range(400))  # well over one tiny window
@@ -117,3 +118,76 @@ def test_student_windows_average_every_token_of_a_long_text(tiny_bert_dir):
     weights = np.array([len(w) for w in windows], dtype=np.float64)
     assert np.allclose(whole[1], (means * weights[:, None]).sum(axis=0) / weights.sum(), atol=1e-5)
     assert student.max_tokens is None
+
+
+def test_student_max_length_tiles_positions_as_convert_long_built_them(tiny_bert_dir):
+    """A longer pass than the model was built for: the table continues as if converted at that length, so
+    a student built short and lengthened encodes as one built long (same weights otherwise)."""
+    import torch
+
+    from docembed.models.student import convert_long
+
+    torch.manual_seed(0)
+    short = convert_long(str(tiny_bert_dir), max_length=40, attention_window=8)
+    long = convert_long(str(tiny_bert_dir), max_length=120, attention_window=8)
+    short.set_long_documents("truncate")
+    long.set_long_documents("truncate")
+    before = short.encode([LONG])
+    short.set_max_length(120)
+    assert short.max_tokens == 120
+    lengthened = short.encode([LONG])
+    assert (
+        short.model.embeddings.position_embeddings.num_embeddings == long.model.config.max_position_embeddings
+    )
+    np.testing.assert_allclose(lengthened, long.encode([LONG]), atol=1e-6, rtol=0)
+    assert not np.allclose(lengthened, before, atol=1e-3)  # it reads 120 tokens now, not 40
+    with pytest.raises(UsageError, match="max-length"):
+        short.set_max_length(1)
+
+
+def test_student_late_chunks_pool_each_256_tokens_of_the_long_pass(tiny_bert_dir):
+    from docembed.models.student import convert_long
+
+    student = convert_long(str(tiny_bert_dir), max_length=40, attention_window=8)
+    student.config.normalize = False
+    student.config.chunk_tokens = 16
+    student.set_long_documents("late-chunks")
+    assert student.multi_vector and student.max_tokens is None
+    out = student.encode(["a short text", LONG, ""])
+    tokens = student.tokenizer(LONG, add_special_tokens=False, verbose=False)["input_ids"]
+    # passes of 38 text tokens, each cut into chunks of 16, 16, 6: no chunk crosses a pass
+    expected_starts = [
+        p + c for p, _ in token_windows(tokens, 38) for c in (0, 16, 32) if p + c < len(tokens)
+    ]
+    assert out.counts.tolist() == [1, len(expected_starts), 1]
+    assert out.positions[out.offsets[1] : out.offsets[2]].tolist() == expected_starts
+    # each chunk is the mean of its tokens' states in its pass, [CLS] and [SEP] left out
+    cls, sep = student.tokenizer.cls_token_id, student.tokenizer.sep_token_id
+    first_pass = [cls, *tokens[:38], sep]
+    ((_, states),) = student._token_states([first_pass], 8)
+    np.testing.assert_allclose(out[1][0], states[1:17].mean(axis=0), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out[1][2], states[33:39].mean(axis=0), atol=1e-6, rtol=0)
+    # a text of one chunk: the mean output without [CLS] and [SEP]
+    student.set_long_documents("windows")
+    short_states = next(student._token_states([student.tokenize(["a short text"])[0]], 8))[1]
+    np.testing.assert_allclose(out[0][0], short_states[1:-1].mean(axis=0), atol=1e-6, rtol=0)
+
+
+def test_encode_late_chunks_and_max_length_from_the_command_line(tiny_bert_dir, tmp_path, capfd):
+    from docembed.models.student import convert_long
+
+    model_dir = tmp_path / "student"
+    convert_long(str(tiny_bert_dir), max_length=40, attention_window=8).save(model_dir)
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text(f"a short text\n{LONG}\n", encoding="utf-8")
+    chunks = tmp_path / "chunks.npz"
+    result = invoke(capfd, "encode", corpus, "-m", model_dir, "--long", "late-chunks", "-o", chunks)
+    assert result.code == 0, result.err
+    assert docembed.load_embeddings(str(chunks)).data.counts[1] > 1  # multi-vector output
+    longer = tmp_path / "longer.npy"
+    result = invoke(capfd, "encode", corpus, "-m", model_dir, "--max-length", "4096", "-o", longer)
+    assert result.code == 0, result.err
+    result = invoke(
+        capfd, "encode", corpus, "-m", "glove-avg", "--max-length", "512", "-o", tmp_path / "g.npy"
+    )
+    assert result.code != 0 and "max-length" in result.err

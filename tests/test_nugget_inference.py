@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cli_helpers import invoke
+from cli_helpers import encode_fp32_and_int8
 from docembed.models.base import NotSupportedError
 from tiny_models import tiny_nugget
 
@@ -72,21 +72,9 @@ def test_a_model_with_feedback_runs_in_pytorch_only(minilm_tokenizer):
 
 def test_encode_precision_int8_for_a_saved_nugget(capfd, tmp_path, minilm_tokenizer):
     pytest.importorskip("openvino")
-    from docembed.io.embeddings import load_embeddings
-
     model_dir = tmp_path / "nugget"
     tiny_nugget(minilm_tokenizer, feedback=False).save(model_dir)
-    corpus = tmp_path / "docs.txt"
-    corpus.write_text("\n".join(t for t in TEXTS if t) + "\n", encoding="utf-8")
-    outputs = {}
-    for precision in ("fp32", "int8"):
-        output = tmp_path / f"{precision}.npz"
-        result = invoke(capfd, "encode", corpus, "-m", model_dir, "--precision", precision, "-o", output)
-        assert result.code == 0, result.err
-        assert not result.out  # the quantiser's chatter stays off stdout
-        outputs[precision] = load_embeddings(str(output))
-    assert outputs["int8"].metadata.get("inference") == "openvino-int8"
-    assert "inference" not in outputs["fp32"].metadata
+    outputs = encode_fp32_and_int8(capfd, model_dir, TEXTS, ".npz")
     cosines = (outputs["int8"].data.vectors * outputs["fp32"].data.vectors).sum(axis=1)
     assert cosines.min() > INT8_MIN_COSINE
     from docembed.runtime import models_home

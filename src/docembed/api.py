@@ -38,21 +38,24 @@ def load(
     precision: str | None = None,
     selector: str | None = None,
     max_vectors: int | None = None,
+    max_length: int | None = None,
     prompts: dict[str, str] | None = None,
 ) -> Model:
     """A model by built-in name (`sbert`, `nugget`, `student`, ...: `docembed models` lists them), saved
     directory (docembed's or any sentence-transformers folder), name under the models home, or hub id.
 
     device: "auto" (a GPU when torch sees one), "cpu", "cuda" or "cuda:N". ratio: NUGGET's share of token
-    vectors kept. long_documents: "truncate" or "windows" (sbert, nugget: a document longer than one pass
-    is cut, or read whole in windows; `max_tokens` is then None). backend / precision: the inference engine
-    and arithmetic of the transformer families (`precision="int8"` quantises the model's weights for speed;
-    it is not the embeddings' storage type, see `quantize_embeddings`). selector / max_vectors: NUGGET's
-    choice of token vectors, the learned "scorer" or a rule ("idf", "prune", "pool", "chunk"), and a cap
-    per window (docs/nugget_baselines.md). prompts: text put before a query /
-    document by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
+    vectors kept. long_documents: "truncate" or "windows" (sbert, nugget, student: a document longer than one
+    pass is cut, or read whole in windows; `max_tokens` is then None), or for the student "late-chunks" (one
+    vector per 256 tokens, pooled from its long passes: multi-vector). max_length: the student's tokens per
+    pass (positions beyond the 2,048 it was trained at are tiled, as it was built). backend / precision: the
+    inference engine and arithmetic of the transformer families (`precision="int8"` quantises the model's
+    weights for speed; it is not the embeddings' storage type, see `quantize_embeddings`). selector /
+    max_vectors: NUGGET's choice of token vectors, the learned "scorer" or a rule ("idf", "prune", "pool",
+    "chunk"), and a cap per window (docs/nugget_baselines.md). prompts: text put before a query / document
+    by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
     instructions."""
-    settings = EncodeSettings(ratio, long_documents, backend, precision, selector, max_vectors)
+    settings = EncodeSettings(ratio, long_documents, backend, precision, selector, max_vectors, max_length)
     encoder = settings.apply(load_model(str(name_or_dir), device=resolve_device(device)))
     return Model(encoder, prompts=prompts)
 

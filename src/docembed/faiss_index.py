@@ -111,6 +111,7 @@ class VectorIndex:
     def __init__(self, index, ids: list[str], metadata: dict, multi: MultiVectors | None = None):
         self.index, self.ids, self.metadata, self.multi = index, ids, metadata, multi
         self._doc_of_vector = None
+        self._rows: dict[str, int] | None = None  # id -> row, built when first needed (scores_of)
         if multi is not None:
             self._doc_of_vector = np.repeat(np.arange(len(multi)), multi.counts)
 
@@ -206,6 +207,7 @@ class VectorIndex:
             self.index.add(l2_normalize(np.asarray(embeddings.data, dtype=np.float32)))
         self.ids.extend(embeddings.ids)
         self.metadata["count"] = len(self.ids)
+        self._rows = None
 
     def remove(self, ids: Iterable[str]) -> int:
         """Drop the documents with these ids (unknown ids are ignored); returns how many went. A flat index
@@ -230,6 +232,7 @@ class VectorIndex:
         self.index = _without_rows(self.index, rows, vectors)
         self.ids = [i for i, k in zip(self.ids, keep, strict=True) if k]
         self.metadata["count"] = len(self.ids)
+        self._rows = None
         return removed
 
     def stored(self, doc_id: str) -> Vectors:
@@ -243,6 +246,30 @@ class VectorIndex:
         if hasattr(self.index, "make_direct_map"):
             self.index.make_direct_map()
         return self.index.reconstruct(row).reshape(1, -1)
+
+    def scores_of(self, query: Vectors, doc_ids: Sequence[str]) -> np.ndarray:
+        """The exact score of one query (a batch of one) against each of `doc_ids`, as `search` scores a
+        hit: cosine to the vector faiss holds, or mean-MaxSim over the vectors it holds."""
+        rows = np.asarray([self._row(doc_id) for doc_id in doc_ids], dtype=np.int64)
+        if self.multi is not None:
+            vectors = l2_normalize(query.vectors.astype(np.float32))
+            return (
+                maxsim_one_to_many(vectors, self.multi.select(rows)) if len(vectors) else np.zeros(len(rows))
+            )
+        if len(rows) == 0:
+            return np.zeros(0)
+        if hasattr(self.index, "make_direct_map"):
+            self.index.make_direct_map()
+        held = np.stack([self.index.reconstruct(int(row)) for row in rows])
+        return held @ l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
+
+    def _row(self, doc_id: str) -> int:
+        if self._rows is None:
+            self._rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        try:
+            return self._rows[doc_id]
+        except KeyError:
+            raise DocembedError(f"id {doc_id!r} is not in the index") from None
 
     def more_like(self, doc_ids: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
         """Top-k documents nearest each stored document `doc_ids[i]`, the document itself left out."""
@@ -443,6 +470,7 @@ class BM25Index:
     def __init__(self, weights, terms: list[str], ids: list[str], metadata: dict):
         self.weights, self.terms, self.ids, self.metadata = weights, terms, ids, metadata
         self._column = {term: j for j, term in enumerate(terms)}
+        self._rows: dict[str, int] | None = None  # id -> row, built when first needed (scores_of)
 
     @classmethod
     def build(
@@ -483,12 +511,10 @@ class BM25Index:
     def search_texts(self, queries: Sequence[str], k: int = 10) -> list[list[tuple[str, float]]]:
         """Top-k (id, score) per query text, best first (ties: input order); documents sharing no term
         with the query are left out."""
-        from docembed.models.baselines import tokenize
 
-        lowercase = self.metadata.get("config", {}).get("lowercase", True)
         results = []
         for query in queries:
-            columns = sorted({self._column[t] for t in tokenize(query, lowercase) if t in self._column})
+            columns = self._columns(query)
             if not columns:
                 results.append([])
                 continue
@@ -497,6 +523,28 @@ class BM25Index:
             order = matched[np.lexsort((matched, -scores[matched]))][:k]
             results.append([(self.ids[r], float(np.float32(scores[r]))) for r in order])
         return results
+
+    def _columns(self, query: str) -> list[int]:
+        """The columns of the query's terms that the corpus has (each term once, as BM25 sums them)."""
+        from docembed.models.baselines import tokenize
+
+        lowercase = self.metadata.get("config", {}).get("lowercase", True)
+        return sorted({self._column[t] for t in tokenize(query, lowercase) if t in self._column})
+
+    def scores_of(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
+        """The BM25 score of `query` for each of `doc_ids` (0 where they share no term)."""
+        if self._rows is None:
+            self._rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        missing = next((i for i in doc_ids if i not in self._rows), None)
+        if missing is not None:
+            raise DocembedError(
+                f"id {missing!r} is not in the bm25 index: build both indexes from one corpus"
+            )
+        columns = self._columns(query)
+        rows = [self._rows[i] for i in doc_ids]
+        if not columns or not rows:
+            return np.zeros(len(rows))
+        return np.asarray(self.weights[rows][:, columns].sum(axis=1), dtype=np.float64).ravel()
 
     def save(self, directory: str | Path) -> None:
         from scipy import sparse
@@ -526,3 +574,41 @@ class BM25Index:
                 f"{len(terms)} terms): rebuild it with `docembed index build CORPUS --type bm25`"
             )
         return cls(weights, terms, ids, metadata)
+
+
+# --- hybrid search: a fusion's two parts, each from its own index -----------------------------------------
+def fused_search(
+    vectors: VectorIndex,
+    lexical: BM25Index,
+    query_texts: Sequence[str],
+    query_vectors: Vectors,
+    fusion,
+    k: int = 10,
+    depth: int = 100,
+) -> list[list[tuple[str, float]]]:
+    """Top-k (id, fused score) per query for a fusion (models.fusion: weight, normalisation): the union of
+    each index's top `depth` hits becomes the query's candidates, both parts score every candidate exactly
+    (a document the other index did not return still gets its real score), and the scores are normalised
+    over the candidates and combined as `rerank -m LEXICAL+MODEL` combines them."""
+    from docembed.models.fusion import fuse
+
+    config = fusion.config
+    dense = vectors.search(query_vectors, depth)
+    words = lexical.search_texts(query_texts, depth)
+    results = []
+    for i, text in enumerate(query_texts):
+        candidates = list(dict.fromkeys([doc for doc, _ in dense[i]] + [doc for doc, _ in words[i]]))
+        if not candidates:
+            results.append([])
+            continue
+        query = (
+            query_vectors.select([i]) if isinstance(query_vectors, MultiVectors) else query_vectors[i : i + 1]
+        )
+        model_scores = vectors.scores_of(query, candidates)
+        lexical_scores = lexical.scores_of(text, candidates)
+        fused = fuse(
+            lexical_scores[None], model_scores[None], config.weight, config.normalization, config.rrf_k
+        )[0]
+        order = np.argsort(-fused, kind="stable")[:k]
+        results.append([(candidates[j], float(fused[j])) for j in order])
+    return results

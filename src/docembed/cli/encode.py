@@ -56,21 +56,28 @@ def encode(
     long: str = typer.Option(
         None,
         "--long",
-        help="sbert, nugget: a document longer than the model reads is cut (truncate) or read whole in "
-        "windows (windows). Default: the model's (docembed models; encode reports what it did not read).",
+        help="sbert, nugget, student: a document longer than the model reads is cut (truncate) or read whole "
+        "in windows (windows); student also late-chunks (one vector per 256 tokens of its long passes, "
+        "multi-vector). Default: the model's (docembed models; encode reports what it did not read).",
+    ),
+    max_length: int = typer.Option(
+        None,
+        "--max-length",
+        help="student: tokens one pass reads (default 2,048; more, e.g. 8192, tiles its positions as it was "
+        "built; the sliding window keeps time and memory linear).",
     ),
     backend: str = typer.Option(
         None,
         "--backend",
-        help="sbert, nugget: engine on the CPU, auto | torch | openvino | onnx (default: the model's, auto).",
+        help="sbert, nugget, student: engine on the CPU, auto | torch | openvino | onnx (default: auto).",
     ),
     precision: str = typer.Option(
         None,
         "--precision",
-        help="sbert, nugget: the arithmetic the model runs in, fp32 | int8 (int8: 2.4-5x docs/s with "
-        "OpenVINO, STS-B within 0.1; nugget: its encoder, selection unchanged; needs the openvino or onnx "
-        "extra; converted once, cached under "
-        "$DOCEMBED_HOME/inference). The embeddings stay float32: for int8/binary embeddings see "
+        help="sbert, nugget, student: the arithmetic the model runs in, fp32 | int8 (int8: 2.4-5x docs/s "
+        "with OpenVINO for sbert, STS-B within 0.1; nugget: its encoder, selection unchanged; student: its "
+        "Longformer, 1.7x, see README; needs the openvino or onnx extra; converted once, cached "
+        "under $DOCEMBED_HOME/inference). The embeddings stay float32: for int8/binary embeddings see "
         "docembed.quantize_embeddings.",
     ),
     workers: int = typer.Option(
@@ -136,9 +143,10 @@ def encode(
                 "--workers/--threads are for the local engine; with --engine ray use --num-workers and "
                 "--cpus-per-worker"
             )
-        if backend or precision or selector or max_vectors or storage != "float32":
+        if backend or precision or selector or max_vectors or max_length or storage != "float32":
             raise UsageError(
-                "--backend/--precision/--selector/--max-vectors/--storage are for the local engine"
+                "--backend/--precision/--selector/--max-vectors/--max-length/--storage are for the local "
+                "engine"
             )
         if output_format not in (None, "parquet"):
             raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
@@ -181,7 +189,7 @@ def encode(
     documents = common.reader(input, format, id_field, text_field, skip_invalid, shard)
     if workers is not None or threads is not None:  # before the model: a runner takes torch's threads then
         _set_torch_threads(threads or 1)
-    settings = EncodeSettings(ratio, long, backend, precision, selector, max_vectors)
+    settings = EncodeSettings(ratio, long, backend, precision, selector, max_vectors, max_length)
     encoder = settings.apply(common.load(model))
     in_processes = workers is not None and not encoder.supports("workers")
     if workers is not None and not in_processes:

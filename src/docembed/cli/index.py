@@ -188,15 +188,26 @@ def search(
         "jsonl", "--output-format", help="jsonl | trec (TREC run lines: qid Q0 docid rank score tag)."
     ),
     run_tag: str = typer.Option("docembed", "--run-tag", help="The tag column of TREC run lines."),
+    lexical_index: str = typer.Option(
+        None,
+        "--lexical-index",
+        help="Hybrid search: a bm25 index of the same corpus, fused with INDEX by -m LEXICAL+MODEL or a "
+        "fitted fusion folder (its weight and normalisation).",
+    ),
+    depth: int = typer.Option(
+        100, "--depth", min=1, help="Hybrid search: hits taken from each index before they are fused."
+    ),
 ) -> None:
     """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout or in -o FILE.
 
     Example: docembed search docs.index --query "how do I catch an exception" -k 5
+
+    Hybrid: docembed search docs.index --lexical-index docs.bm25 -m fusion-dir --query "..."
     """
     import json
 
     from docembed.errors import UsageError
-    from docembed.faiss_index import BM25Index, VectorIndex, is_bm25_dir
+    from docembed.faiss_index import BM25Index, VectorIndex, fused_search, is_bm25_dir
     from docembed.io.readers import batched
     from docembed.io.runs import check_output_format, trec_lines
     from docembed.runtime import resolve_device
@@ -204,8 +215,13 @@ def search(
     check_output_format(output_format)
     if not query and not queries and not more_like:
         raise UsageError("give --query TEXT (repeatable), --queries FILE or --id ID")
-    common.check_text_output(output, overwrite, [index, queries, text_from])
+    common.check_text_output(output, overwrite, [index, queries, text_from, lexical_index])
     bm25 = BM25Index.load(index) if is_bm25_dir(index) else None
+    if lexical_index is not None and (bm25 is not None or not is_bm25_dir(lexical_index)):
+        raise UsageError(
+            "--lexical-index takes a bm25 index (`index build CORPUS --type bm25`), beside a vector INDEX"
+        )
+    lexical = BM25Index.load(lexical_index) if lexical_index is not None else None
     if bm25 is not None and more_like:
         raise UsageError("--id needs a vector index: a bm25 index holds no document vectors")
     vector_index = VectorIndex.load(index) if bm25 is None else None
@@ -235,25 +251,48 @@ def search(
         from docembed.encoding import encode_texts
 
         encoder = common.load(spec)
-        if getattr(encoder, "scorer_only", False):  # bm25, a fusion such as bm25+sbert: no query vectors
-            raise UsageError(
-                f"{encoder.name} scores query/document pairs and has no vectors to search an index with: "
-                "search with its model part, then `docembed rerank -m` the hits with it"
-            )
+        fusion = _fusion_for(encoder, lexical)
+        if fusion is not None:
+            encoder = fusion.model  # the query vectors; the lexical part's scores come from --lexical-index
         for chunk in batched(query_items(), 256):
-            vectors = encode_texts(encoder, [text for _, text in chunk], batch_size=batch_size)
-            for (qid, text), hits in zip(chunk, vector_index.search(vectors, k), strict=True):
+            texts = [text for _, text in chunk]
+            vectors = encode_texts(encoder, texts, batch_size=batch_size)
+            if fusion is not None:
+                found = fused_search(vector_index, lexical, texts, vectors, fusion, k, max(depth, k))
+            else:
+                found = vector_index.search(vectors, k)
+            for (qid, text), hits in zip(chunk, found, strict=True):
                 yield {"query_id": qid, "query": text, "results": _results(hits)}
 
     found = rows()
     if text_from:
         found = _with_texts(list(found), text_from, id_field, text_field)
-    with common.text_output(output, overwrite, [index, queries, text_from]) as handle:
+    with common.text_output(output, overwrite, [index, queries, text_from, lexical_index]) as handle:
         for row in found:
             if output_format == "trec":
                 handle.write(trec_lines(row["query_id"], row["results"], run_tag))
             else:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _fusion_for(encoder, lexical):
+    """The fusion to search with (or None), after the checks that make a hybrid search mean what it says."""
+    from docembed.errors import UsageError
+
+    if lexical is None:
+        if getattr(encoder, "scorer_only", False):  # bm25, or a fusion without its lexical index
+            raise UsageError(
+                f"{encoder.name} scores query/document pairs: search with its model part (or, for a fusion, "
+                "give --lexical-index BM25_INDEX for hybrid search), or `docembed rerank -m` the hits with it"
+            )
+        return None
+    if encoder.family != "fusion":
+        raise UsageError("--lexical-index needs -m LEXICAL+MODEL (e.g. bm25+sbert) or a fitted fusion folder")
+    if encoder.lexical.family != "bm25":
+        raise UsageError(
+            f"hybrid search fuses a bm25 index: {encoder.name}'s lexical part is {encoder.lexical.family}"
+        )
+    return encoder
 
 
 def _results(hits: list[tuple[str, float]]) -> list[dict]:

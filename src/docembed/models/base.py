@@ -63,6 +63,7 @@ CAPABILITIES = {
     "sparse": "sparse features (encode_sparse)",
     "backends": "--backend / --precision (another inference engine or int8)",
     "long": "--long (truncate | windows: a document longer than the model reads, cut or read in windows)",
+    "max-length": "--max-length (tokens one pass reads; positions beyond the trained length are tiled)",
     "selection": "--selector / --max-vectors (which token vectors a multi-vector model keeps)",
 }
 
@@ -80,6 +81,7 @@ class EncodeSettings:
     precision: str | None = None
     selector: str | None = None
     max_vectors: int | None = None
+    max_length: int | None = None
 
     def apply(self, encoder: Encoder) -> Encoder:
         if self.ratio is not None:
@@ -90,6 +92,8 @@ class EncodeSettings:
             encoder.set_selection(self.selector)
         if self.long_documents is not None:
             encoder.set_long_documents(self.long_documents)
+        if self.max_length is not None:
+            encoder.set_max_length(self.max_length)
         if self.backend or self.precision:
             encoder.set_inference(self.backend, self.precision)
         return encoder
@@ -204,6 +208,10 @@ class Encoder(ABC):
     def set_long_documents(self, mode: str) -> None:
         """Families that can read a document longer than one pass in windows ("long") override this."""
         self.require("long")
+
+    def set_max_length(self, max_length: int) -> None:
+        """Families whose one pass can be made longer ("max-length") override this."""
+        self.require("max-length")
 
     def set_workers(self, workers: int) -> None:
         """Families that encode in several processes ("workers") override this."""

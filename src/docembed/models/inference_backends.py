@@ -86,6 +86,26 @@ def resolve_backend(backend: str, precision: str, device: str = "cpu") -> str:
     return backend
 
 
+class InferenceChoice:
+    """For an Encoder family whose transformer pass can run on another engine (put it before Encoder in the
+    bases): `inference` is the (backend, precision) that set_inference chose (runtime only, not saved),
+    `backend` the engine it resolves to here, and the metadata records a choice other than PyTorch, so
+    caches never mix vectors of two engines."""
+
+    inference: tuple[str, str] = ("auto", "fp32")
+
+    @property
+    def backend(self) -> str:
+        """The engine actually running the pass: `auto` resolved on this machine."""
+        return resolve_backend(*self.inference, self.device)
+
+    def metadata(self) -> dict:
+        meta = super().metadata()
+        if self.backend != "torch":
+            meta["inference"] = f"{self.backend}-{self.inference[1]}"
+        return meta
+
+
 def weights_fingerprint(directory: str | Path) -> str:
     """Identifies a model's weights without reading them: the weight files' names, sizes and mtimes."""
     directory = Path(directory).resolve()
@@ -95,6 +115,24 @@ def weights_fingerprint(directory: str | Path) -> str:
             stat = path.stat()
             parts.append(f"{path.relative_to(directory)}:{stat.st_size}:{stat.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def module_fingerprint(module, tag: str) -> str:
+    """Identifies an exported pass by the weights themselves (a zoo model rebuilt from its base has no folder
+    of its own) and `tag` (the pass and its version)."""
+    digest = hashlib.sha256(tag.encode())
+    for name, tensor in sorted(module.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+class HiddenStates:
+    """What build_runner reads from the module it exports (`.last_hidden_state`), for modules that are not
+    Hugging Face models."""
+
+    def __init__(self, last_hidden_state):
+        self.last_hidden_state = last_hidden_state
 
 
 def cache_dir(fingerprint: str, backend: str, precision: str, extra: str = "") -> Path:

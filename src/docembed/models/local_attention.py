@@ -32,41 +32,74 @@ def banded_attention(query, key, value, key_padding, one_sided: int, block: int 
             *(t.transpose(1, 2) for t in (query, key, value)), attn_mask=allowed, scale=1.0
         )
         return context.transpose(1, 2).masked_fill(key_padding[:, :, None, None], 0.0)
-    block = max(1, min(block, length))
-    count = -(-length // block)
-    extra = count * block - length  # the last block is filled up with padding queries and keys
+    block = dividing_block(one_sided, block)
+    extra = -length % block  # the last block is filled up with padding queries and keys
+    if extra:
+        query, key, value = (F.pad(t, (0, 0, 0, 0, 0, extra)) for t in (query, key, value))
+        key_padding = F.pad(key_padding, (0, extra), value=True)
+    context = blocked_attention(query, key, value, key_padding, one_sided, block)
+    return context[:, :length]
+
+
+def dividing_block(one_sided: int, block: int) -> int:
+    """The largest block of at most `block` queries that divides `one_sided`: then a block's keys are whole
+    neighbouring blocks (blocked_attention)."""
+    return max(size for size in range(1, max(1, min(block, one_sided)) + 1) if one_sided % size == 0)
+
+
+def blocked_attention(query, key, value, key_padding, one_sided: int, block: int):
+    """banded_attention for a length that is a multiple of `block`, with `block` dividing `one_sided`. Every
+    shape is a constant or taken from the inputs by -1, and every slice has constant bounds, so a traced or
+    exported graph (OpenVINO, ONNX) holds for any length and batch: no branch on the length, no unfold.
+
+    The keys of query block b are the blocks b - r .. b + r (r = one_sided / block) of keys padded by
+    one_sided on either side; all blocks go to the batch of one fused scaled_dot_product_attention."""
+    reach = 2 * (one_sided // block)  # neighbouring key blocks per query block, besides its own
     span = block + 2 * one_sided
-    # Column c of block b is key b * block + c - one_sided; keys before 0 and after the end are padding.
-    # Blocks go to the batch dimension, so that one scaled_dot_product_attention call (fused on CPU) does all.
-    keys = F.pad(key, (0, 0, 0, 0, one_sided, one_sided + extra)).unfold(1, span, block)
-    values = F.pad(value, (0, 0, 0, 0, one_sided, one_sided + extra)).unfold(1, span, block)
-    keys = keys.permute(0, 1, 2, 4, 3).reshape(batch * count, heads, span, head_dim)
-    values = values.permute(0, 1, 2, 4, 3).reshape(batch * count, heads, span, head_dim)
-    queries = F.pad(query, (0, 0, 0, 0, 0, extra)).view(batch, count, block, heads, head_dim)
-    queries = queries.transpose(2, 3).reshape(batch * count, heads, block, head_dim)
+
+    def neighbours(blocks):  # (batch, count + reach, block, ...) -> (batch, count, span, ...)
+        last = blocks.shape[1]
+        return torch.cat([blocks[:, i : last - reach + i] for i in range(reach + 1)], dim=2)
+
+    padded = [F.pad(t, (0, 0, 0, 0, one_sided, one_sided)).unflatten(1, (-1, block)) for t in (key, value)]
+    keys, values = (neighbours(t).permute(0, 1, 3, 2, 4) for t in padded)  # (batch, count, heads, span, d)
+    queries = query.unflatten(1, (-1, block)).permute(0, 1, 3, 2, 4)  # (batch, count, heads, block, d)
+    real_key = ~neighbours(F.pad(key_padding, (one_sided, one_sided), value=True).unflatten(1, (-1, block)))
 
     # Row r of every block sees columns r .. r + 2 * one_sided: one band for all blocks.
     rows = torch.arange(block, device=query.device)[:, None]
     columns = torch.arange(span, device=query.device)[None, :]
     band = (columns >= rows) & (columns <= rows + 2 * one_sided)
-    real_key = ~F.pad(key_padding, (one_sided, one_sided + extra), value=True).unfold(1, span, block)
-    allowed = (band & real_key[:, :, None, :]).reshape(batch * count, 1, block, span)
+    allowed = (band & real_key[:, :, None, :]).unsqueeze(2)  # (batch, count, 1, block, span)
 
+    # Four dimensions, blocks in the batch: the layout engines fuse best (OpenVINO's SDPA among them).
+    queries, keys, values, allowed = (t.flatten(0, 1) for t in (queries, keys, values, allowed))
     context = F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed, scale=1.0)
-    context = context.view(batch, count, heads, block, head_dim).transpose(2, 3)
-    context = context.reshape(batch, count * block, heads, head_dim)[:, :length]
+    context = context.transpose(1, 2).reshape(query.shape)  # (batch, length, heads, d)
     return context.masked_fill(key_padding[:, :, None, None], 0.0)
 
 
-def self_attention(module, hidden_states, key_padding, block: int = DEFAULT_BLOCK):
+def self_attention(module, hidden_states, key_padding, attend):
     """What `module` (a LongformerSelfAttention) returns for `hidden_states` (batch, length, dim) when no
-    token has global attention: (batch, length, dim)."""
-    batch, length, dim = hidden_states.shape
-    shape = (batch, length, module.num_heads, module.head_dim)
-    query = (module.query(hidden_states) / math.sqrt(module.head_dim)).view(shape)
-    key, value = module.key(hidden_states).view(shape), module.value(hidden_states).view(shape)
-    context = banded_attention(query, key, value, key_padding, module.one_sided_attn_window_size, block)
-    return context.reshape(batch, length, dim)
+    token has global attention: (batch, length, dim). `attend(query, key, value, key_padding, one_sided)`
+    is banded_attention or, for a length already in whole blocks, blocked_attention."""
+    heads = (module.num_heads, module.head_dim)
+    query = (module.query(hidden_states) / math.sqrt(module.head_dim)).unflatten(-1, heads)
+    key, value = (
+        module.key(hidden_states).unflatten(-1, heads),
+        module.value(hidden_states).unflatten(-1, heads),
+    )
+    return attend(query, key, value, key_padding, module.one_sided_attn_window_size).flatten(2)
+
+
+def local_layers(model, input_ids, key_padding, attend):
+    """The last hidden state of a transformers LongformerModel without global attention, its attention
+    computed by `attend` (see self_attention)."""
+    hidden = model.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
+    for layer in model.encoder.layer:
+        context = self_attention(layer.attention.self, hidden, key_padding, attend)
+        hidden = layer.ff_chunk(layer.attention.output(context, hidden))
+    return hidden
 
 
 def local_forward(model, input_ids, attention_mask, block: int = DEFAULT_BLOCK):
@@ -75,9 +108,36 @@ def local_forward(model, input_ids, attention_mask, block: int = DEFAULT_BLOCK):
     the result could differ: in training mode (attention dropout) or with global attention (mask values 2)."""
     if model.training or bool((attention_mask > 1).any()):
         return model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-    key_padding = attention_mask == 0
-    hidden = model.embeddings(input_ids=input_ids, token_type_ids=torch.zeros_like(input_ids))
-    for layer in model.encoder.layer:
-        context = self_attention(layer.attention.self, hidden, key_padding, block)
-        hidden = layer.ff_chunk(layer.attention.output(context, hidden))
-    return hidden
+
+    def attend(query, key, value, key_padding, one_sided):
+        return banded_attention(query, key, value, key_padding, one_sided, block)
+
+    return local_layers(model, input_ids, attention_mask == 0, attend)
+
+
+def layer_blocks(model, block: int = DEFAULT_BLOCK) -> dict[int, int]:
+    """Each layer's one-sided window -> the block blocked_attention uses for it (dividing_block)."""
+    windows = {layer.attention.self.one_sided_attn_window_size for layer in model.encoder.layer}
+    return {one_sided: dividing_block(one_sided, block) for one_sided in windows}
+
+
+def whole_blocks(model, block: int = DEFAULT_BLOCK) -> int:
+    """The multiple of tokens a batch is padded to for `BlockedLongformer`: every layer's block divides it."""
+    return math.lcm(*layer_blocks(model, block).values())
+
+
+class BlockedLongformer(torch.nn.Module):
+    """A LongformerModel's inference pass (no global attention) as one graph that tracers and exporters keep
+    valid for every batch and length: inputs padded to a multiple of `whole_blocks(model)` tokens,
+    attention by blocked_attention. (input_ids, attention_mask) -> the last hidden state."""
+
+    def __init__(self, model, block: int = DEFAULT_BLOCK):
+        super().__init__()
+        self.model = model
+        self.blocks = layer_blocks(model, block)
+
+    def forward(self, input_ids, attention_mask):
+        def attend(query, key, value, key_padding, one_sided):
+            return blocked_attention(query, key, value, key_padding, one_sided, self.blocks[one_sided])
+
+        return local_layers(self.model, input_ids, attention_mask == 0, attend)

@@ -528,7 +528,7 @@ def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
 
 
 @register
-class NuggetEncoder(Encoder):
+class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
     family = "nugget"
     config_class = NuggetConfig
     capabilities = frozenset({"ratio", "long", "backends", "selection"})
@@ -541,7 +541,6 @@ class NuggetEncoder(Encoder):
         self.model = model if model is not None else build_model(config, self.tokenizer)
         self.model.eval()
         self.device = "cpu"
-        self.inference = ("auto", "fp32")  # (backend, precision): set_inference; runtime only, not saved
         self._states_runner = None  # built on first use (exported once, then read from the cache)
         self._shared_states: dict | None = None  # sharing_states
 
@@ -662,17 +661,6 @@ class NuggetEncoder(Encoder):
             check_exportable(self.model)
         self.inference, self._states_runner = (backend, precision), None
         return self
-
-    @property
-    def backend(self) -> str:
-        """The engine actually running the encoder's pass: `auto` resolved on this machine."""
-        return inference_backends.resolve_backend(*self.inference, self.device)
-
-    def metadata(self) -> dict[str, Any]:
-        meta = super().metadata()
-        if self.backend != "torch":  # other vectors than PyTorch's: caches must not mix them
-            meta["inference"] = f"{self.backend}-{self.inference[1]}"
-        return meta
 
     def _encode_batch(self, input_ids: torch.Tensor, attention: torch.Tensor):
         if self._shared_states is not None:

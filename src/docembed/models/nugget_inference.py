@@ -8,7 +8,6 @@ model runs in PyTorch only.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -21,13 +20,6 @@ STATES_VERSION = 1  # bump when the exported graph changes, so cached exports ar
 CALIBRATION_BATCH = 8
 
 
-class _Output:
-    """What inference_backends reads from the module it exports (`.last_hidden_state`)."""
-
-    def __init__(self, last_hidden_state: torch.Tensor):
-        self.last_hidden_state = last_hidden_state
-
-
 class EncoderStates(torch.nn.Module):
     """input ids, attention mask -> [layer l's states | the last layer's states] (batch, tokens, 2d)."""
 
@@ -38,7 +30,7 @@ class EncoderStates(torch.nn.Module):
     def forward(self, input_ids, attention_mask, token_type_ids=None):
         bottom, mask = self.network.bottom_states(input_ids, attention_mask)
         top = self.network.upper_states(bottom, mask)
-        return _Output(torch.cat([bottom, top.to(bottom.dtype)], dim=-1))
+        return inference_backends.HiddenStates(torch.cat([bottom, top.to(bottom.dtype)], dim=-1))
 
 
 def check_exportable(network) -> None:
@@ -50,13 +42,9 @@ def check_exportable(network) -> None:
 
 
 def weights_fingerprint(network) -> str:
-    """The exported pass's identity: the encoder's weights themselves (a zoo model has no folder of its own)
-    and the layer the scorer reads."""
-    digest = hashlib.sha256(f"nugget-states-{STATES_VERSION}:{network.config.scorer_layer}".encode())
-    for name, tensor in sorted(network.backbone.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    """The exported pass's identity: the encoder's weights and the layer the scorer reads."""
+    tag = f"nugget-states-{STATES_VERSION}:{network.config.scorer_layer}"
+    return inference_backends.module_fingerprint(network.backbone, tag)
 
 
 class StatesRunner:

@@ -76,7 +76,8 @@ BUILTIN: dict[str, ZooEntry] = {
     "student": ZooEntry(
         "student",
         "long-document Longformer (MiniLM, 2,048-token windows averaged over the whole document; --long "
-        "truncate: the first window only) distilled from SBERT and Paragraph Vector",
+        "truncate: the first window only; --long late-chunks: one vector per 256 tokens of the long passes; "
+        "--max-length: longer passes) distilled from SBERT and Paragraph Vector",
         shipped=True,
     ),
     "quickthoughts": ZooEntry(

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
+from docembed.models import inference_backends
 from docembed.models.base import (
     LONG_MODES,
     Encoder,
@@ -38,9 +39,10 @@ from docembed.models.base import (
 )
 from docembed.models.families import register
 from docembed.tensors import token_windows
-from docembed.types import l2_normalize
+from docembed.types import Vectors, l2_normalize
 
 TOKENIZER_SUBDIR = "tokenizer"
+LONG_DOCUMENTS = (*LONG_MODES, "late-chunks")
 # Sources whose absolute positions start after the padding index (fairseq's make_positions).
 ROBERTA_STYLE = {"roberta", "xlm-roberta", "camembert", "longformer"}
 BERT_STYLE = {"bert"}
@@ -62,14 +64,17 @@ class StudentConfig(EncoderConfig):
     # A document longer than max_length: "truncate" reads its first max_length tokens; "windows" reads all
     # of it, window by window, and averages the windows weighted by their lengths. Windows is the default
     # since 2026-11-25 (the zoo model's too), chosen on bench_long's val man pages (median 10k tokens).
+    # "late-chunks" reads all of it the same way and keeps one vector per `chunk_tokens` tokens, each the mean
+    # of those tokens' states in the long pass (late chunking, Günther et al. 2024): multi-vector.
     long_documents: str = "windows"
+    chunk_tokens: int = 256  # late-chunks: tokens per vector (SBERT's window, the depth teacher's)
 
 
 @register
-class StudentEncoder(Encoder):
+class StudentEncoder(inference_backends.InferenceChoice, Encoder):
     family = "student"
     config_class = StudentConfig
-    capabilities = frozenset({"long"})
+    capabilities = frozenset({"long", "backends", "max-length"})
     # encode() uses models/local_attention.py (same outputs, 1.5-2.3x faster on CPU); not saved.
     local_attention = True
 
@@ -84,6 +89,7 @@ class StudentEncoder(Encoder):
         self.model = model
         self.tokenizer = tokenizer
         self.device = "cpu"
+        self._runner = None  # the exported pass, built on first use (then read from the cache)
 
     # --- built from MiniLM (the zoo and train-distill start here) -------------------------------------
     @classmethod
@@ -121,11 +127,34 @@ class StudentEncoder(Encoder):
 
     @property
     def max_tokens(self) -> int | None:
-        return None if self.config.long_documents == "windows" else self.config.max_length
+        return self.config.max_length if self.config.long_documents == "truncate" else None
+
+    @property
+    def multi_vector(self) -> bool:
+        return self.config.long_documents == "late-chunks"
+
+    def set_max_length(self, max_length: int) -> None:
+        """Read `max_length` tokens in one pass ([CLS] and [SEP] included). Beyond the positions the model
+        has, its table is continued the way convert_long built it (source position p mod n: the zoo
+        student's positions repeat MiniLM's 512), while the sliding window keeps time and memory linear."""
+        if max_length < 2:
+            raise UsageError(f"--max-length must be >= 2, got {max_length}")
+        self.config.max_length = max_length
+        self.tokenizer.model_max_length = max_length
+        self._runner = None
 
     def to(self, device: str) -> StudentEncoder:
         self.model.to(device)
         self.device = device
+        self._runner = None
+        return self
+
+    def set_inference(self, backend: str | None = None, precision: str | None = None) -> StudentEncoder:
+        """Run the Longformer's pass on OpenVINO / ONNX Runtime or in int8 (models/student_inference.py);
+        pooling is unchanged."""
+        backend, precision = backend or self.inference[0], precision or self.inference[1]
+        inference_backends.resolve_backend(backend, precision, self.device)  # fail now, not mid-corpus
+        self.inference, self._runner = (backend, precision), None
         return self
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
@@ -134,30 +163,40 @@ class StudentEncoder(Encoder):
         return out["input_ids"]
 
     def set_long_documents(self, mode: str) -> None:
-        if mode not in LONG_MODES:
-            raise UsageError(f"--long must be one of {', '.join(LONG_MODES)}, got {mode!r}")
+        if mode not in LONG_DOCUMENTS:
+            raise UsageError(f"--long must be one of {', '.join(LONG_DOCUMENTS)}, got {mode!r}")
         self.config.long_documents = mode
 
-    def encode(self, texts: Sequence[str], batch_size: int = 8) -> np.ndarray:
+    def encode(self, texts: Sequence[str], batch_size: int = 8) -> Vectors:
+        """One vector per text, or with long_documents "late-chunks" a set of them (MultiVectors)."""
         texts = list(texts)
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
+        if self.config.long_documents == "late-chunks":
+            return self._late_chunks(texts, batch_size)
         if self.config.long_documents == "windows":
             out = self._windowed_means(texts, batch_size)
         else:
             out = self._means(self.tokenize(texts), batch_size)
         return l2_normalize(out) if self.config.normalize else out
 
+    def _passes(self, texts: list[str]) -> tuple[list[list[int]], list[int], list[int]]:
+        """Every text cut into passes of max_length tokens, each wrapped in [CLS] ... [SEP]: (the passes, the
+        text each belongs to, the token index of each pass's first text token)."""
+        tokens = self.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+        passes, owners, starts = [], [], []
+        for index, text_tokens in enumerate(tokens):
+            for start, window in token_windows(text_tokens, self.config.max_length - 2):
+                passes.append([cls, *window, sep])
+                owners.append(index)
+                starts.append(start)
+        return passes, owners, starts
+
     def _windowed_means(self, texts: list[str], batch_size: int) -> np.ndarray:
         """The mean token vector of the whole of each text: windows of max_length tokens, each pooled, then
         averaged weighted by their lengths (so the result is the mean over all the windows' tokens)."""
-        tokens = self.tokenizer(texts, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
-        windows, owners = [], []
-        for index, text_tokens in enumerate(tokens):
-            for _, window in token_windows(text_tokens, self.config.max_length - 2):
-                windows.append([cls, *window, sep])
-                owners.append(index)
+        windows, owners, _ = self._passes(texts)
         means = self._means(windows, batch_size).astype(np.float64)
         weights = np.array([len(w) for w in windows], dtype=np.float64)
         sums = np.zeros((len(texts), self.dim), dtype=np.float64)
@@ -165,25 +204,86 @@ class StudentEncoder(Encoder):
         totals = np.bincount(owners, weights=weights, minlength=len(texts))
         return (sums / totals[:, None]).astype(np.float32)
 
+    def _late_chunks(self, texts: list[str], batch_size: int):
+        """Per text, one vector per chunk_tokens of its tokens: the mean of their last-layer states in the
+        pass that read them (a chunk never spans two passes; [CLS] and [SEP] belong to no chunk, except in
+        an empty text, whose one vector pools them)."""
+        from docembed.types import MultiVectors
+
+        passes, owners, starts = self._passes(texts)
+        size = self.config.chunk_tokens
+        vectors: list[list[np.ndarray]] = [[] for _ in texts]
+        positions: list[list[int]] = [[] for _ in texts]
+        for row, states in self._token_states(passes, batch_size):
+            inner = states[1:-1] if len(states) > 2 else states
+            for offset in range(0, len(inner), size):
+                vectors[owners[row]].append(inner[offset : offset + size].mean(axis=0))
+                positions[owners[row]].append(starts[row] + offset)
+        items = [np.stack(v).astype(np.float32) for v in vectors]
+        if self.config.normalize:
+            items = [l2_normalize(v) for v in items]
+        return MultiVectors.from_list(items, [np.asarray(p, dtype=np.int64) for p in positions])
+
     def _means(self, ids: list[list[int]], batch_size: int) -> np.ndarray:
-        """The masked mean of the last layer for each token-id sequence (not normalised)."""
+        """The mean of the last layer's states for each token-id sequence (not normalised)."""
+        out = np.zeros((len(ids), self.dim), dtype=np.float32)
+        for row, states in self._token_states(ids, batch_size):
+            out[row] = states.mean(axis=0)
+        return out
+
+    def _token_states(self, ids: list[list[int]], batch_size: int):
+        """(index into `ids`, its last-layer states (length, dim) as float32) for every sequence, longest
+        first, so that each batch pads to similar lengths."""
         import torch
 
         from docembed.tensors import pad_sequences
 
-        # Longest first, so each batch pads to similar lengths; rows go back to input order at the end.
+        self._fit_positions()
         order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
-        out = np.zeros((len(ids), self.dim), dtype=np.float32)
         was_training = self.model.training
         self.model.eval()
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                input_ids, mask = pad_sequences([ids[i] for i in rows], self.pad_id)
-                pooled = self.forward(input_ids.to(self.device), mask.to(self.device), self.local_attention)
-                out[rows] = pooled.float().cpu().numpy()
-        self.model.train(was_training)
-        return out
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(order), batch_size):
+                    rows = order[start : start + batch_size]
+                    input_ids, mask = pad_sequences([ids[i] for i in rows], self.pad_id)
+                    if self.backend != "torch":
+                        hidden = self._exported().hidden(input_ids, mask)
+                    else:
+                        ids_on, mask_on = input_ids.to(self.device), mask.to(self.device)
+                        hidden = self.hidden_states(ids_on, mask_on, self.local_attention)
+                    hidden = hidden.float().cpu().numpy()
+                    for position, row in enumerate(rows):
+                        yield row, hidden[position, : len(ids[row]) or 1]
+        finally:
+            self.model.train(was_training)
+
+    def _fit_positions(self) -> None:
+        """Continue the position table up to max_length (set_max_length) by its own period, the way
+        convert_long tiled it."""
+        import torch
+
+        table = self.model.embeddings.position_embeddings
+        rows = self.config.max_length + self.pad_id + 1
+        if rows <= table.num_embeddings:
+            return
+        old = table.weight.data
+        real = old[self.pad_id + 1 :]  # the rows of real tokens' positions
+        new = torch.empty((rows, old.shape[1]), dtype=old.dtype, device=old.device)
+        new[: self.pad_id + 1] = old[: self.pad_id + 1]
+        new[self.pad_id + 1 :] = real[torch.arange(rows - self.pad_id - 1) % _period(real)]
+        self.model.embeddings.position_embeddings = torch.nn.Embedding.from_pretrained(
+            new, freeze=not table.weight.requires_grad, padding_idx=table.padding_idx
+        )
+        self.model.config.max_position_embeddings = rows
+
+    def _exported(self):
+        if self._runner is None:
+            from docembed.models.student_inference import HiddenStatesRunner, calibration_batches
+
+            batches = calibration_batches(self)
+            self._runner = HiddenStatesRunner(self.model, batches, self.backend, self.inference[1])
+        return self._runner
 
     @property
     def pad_id(self) -> int:
@@ -192,13 +292,15 @@ class StudentEncoder(Encoder):
     def forward(self, input_ids, attention_mask, local_attention: bool = False):
         """Masked mean of the last layer's token vectors (differentiable; the training recipe uses it).
         `local_attention`: the blocked sliding-window attention, for inference (same outputs)."""
+        return masked_mean(self.hidden_states(input_ids, attention_mask, local_attention), attention_mask)
+
+    def hidden_states(self, input_ids, attention_mask, local_attention: bool = True):
+        """The last layer's states: by the blocked local attention, or by transformers' own pass."""
         if local_attention:
             from docembed.models.local_attention import local_forward
 
-            hidden = local_forward(self.model, input_ids, attention_mask)
-        else:
-            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return masked_mean(hidden, attention_mask)
+            return local_forward(self.model, input_ids, attention_mask)
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     # --- save / load --------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
@@ -222,6 +324,14 @@ class StudentEncoder(Encoder):
         encoder.tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
         encoder.model.eval()
         return encoder.to(device)
+
+
+def _period(rows) -> int:
+    """The smallest p with rows[i] == rows[i + p] throughout (convert_long's tiling repeats the source's
+    positions: 512 for MiniLM), or len(rows) when the table does not repeat (positions trained apart)."""
+    import torch
+
+    return next((p for p in range(1, len(rows)) if torch.equal(rows[p:], rows[:-p])), len(rows))
 
 
 def masked_mean(hidden, attention_mask):
