@@ -44,7 +44,7 @@ DOCS_PAGE = ROOT / "docs" / "results.md"
 # What `make bench` runs (the leaderboard, speed, long documents by length bucket, speed and memory by
 # length, NUGGET against the rules that keep as many vectors and its storage choices); the other family
 # benches (nugget, student, setenc, int8, fusion, ...) run with --only.
-DEFAULT_MODULES = ("quality", "speed", "long", "length", "nugget_curve", "nugget_storage")
+DEFAULT_MODULES = ("quality", "speed", "long", "length", "nugget_curve", "nugget_storage", "int8")
 
 # Published reference numbers (../shared/data/README.md), shown beside ours on the results page.
 REFERENCES: dict[str, list[tuple[str, float]]] = {

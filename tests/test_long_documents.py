@@ -161,16 +161,18 @@ def test_student_late_chunks_pool_each_256_tokens_of_the_long_pass(tiny_bert_dir
     ]
     assert out.counts.tolist() == [1, len(expected_starts), 1]
     assert out.positions[out.offsets[1] : out.offsets[2]].tolist() == expected_starts
-    # each chunk is the mean of its tokens' states in its pass, [CLS] and [SEP] left out
+    # each chunk is the mean of its tokens' states in its pass; [CLS] joins the first, [SEP] the last
     cls, sep = student.tokenizer.cls_token_id, student.tokenizer.sep_token_id
     first_pass = [cls, *tokens[:38], sep]
     ((_, states),) = student._token_states([first_pass], 8)
-    np.testing.assert_allclose(out[1][0], states[1:17].mean(axis=0), atol=1e-6, rtol=0)
-    np.testing.assert_allclose(out[1][2], states[33:39].mean(axis=0), atol=1e-6, rtol=0)
-    # a text of one chunk: the mean output without [CLS] and [SEP]
+    np.testing.assert_allclose(out[1][0], states[0:17].mean(axis=0), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out[1][1], states[17:33].mean(axis=0), atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out[1][2], states[33:40].mean(axis=0), atol=1e-6, rtol=0)
+    # a text of one chunk (and an empty one): exactly the vector of the other modes
     student.set_long_documents("windows")
-    short_states = next(student._token_states([student.tokenize(["a short text"])[0]], 8))[1]
-    np.testing.assert_allclose(out[0][0], short_states[1:-1].mean(axis=0), atol=1e-6, rtol=0)
+    means = student.encode(["a short text", ""])
+    np.testing.assert_allclose(out[0][0], means[0], atol=1e-6, rtol=0)
+    np.testing.assert_allclose(out[2][0], means[1], atol=1e-6, rtol=0)
 
 
 def test_encode_late_chunks_and_max_length_from_the_command_line(tiny_bert_dir, tmp_path, capfd):

@@ -206,8 +206,8 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
 
     def _late_chunks(self, texts: list[str], batch_size: int):
         """Per text, one vector per chunk_tokens of its tokens: the mean of their last-layer states in the
-        pass that read them (a chunk never spans two passes; [CLS] and [SEP] belong to no chunk, except in
-        an empty text, whose one vector pools them)."""
+        pass that read them (a chunk never spans two passes). A pass's [CLS] joins its first chunk and its
+        [SEP] its last, so a text of one chunk gets exactly the mean output's vector."""
         from docembed.types import MultiVectors
 
         passes, owners, starts = self._passes(texts)
@@ -215,10 +215,11 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
         vectors: list[list[np.ndarray]] = [[] for _ in texts]
         positions: list[list[int]] = [[] for _ in texts]
         for row, states in self._token_states(passes, batch_size):
-            inner = states[1:-1] if len(states) > 2 else states
-            for offset in range(0, len(inner), size):
-                vectors[owners[row]].append(inner[offset : offset + size].mean(axis=0))
-                positions[owners[row]].append(starts[row] + offset)
+            chunks = max(1, -(-(len(states) - 2) // size))
+            bounds = [0, *(1 + j * size for j in range(1, chunks)), len(states)]
+            for j in range(chunks):
+                vectors[owners[row]].append(states[bounds[j] : bounds[j + 1]].mean(axis=0))
+                positions[owners[row]].append(starts[row] + j * size)
         items = [np.stack(v).astype(np.float32) for v in vectors]
         if self.config.normalize:
             items = [l2_normalize(v) for v in items]
