@@ -3,6 +3,7 @@ family; the sentence-transformers conventions it promises (one string -> one vec
 torch output, prompts, a similarity matrix); silent loading; a light `import docembed`."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -201,6 +202,36 @@ def test_loading_is_silent_and_leaves_library_logging_as_it_was(capfd):
     out, err = capfd.readouterr()
     assert out == "" and err == ""
     assert transformers_logging.get_verbosity() == transformers_logging.WARNING
+
+
+def test_a_model_without_torch_loads_without_it_and_a_first_transformers_load_is_silent(tmp_path):
+    """In a fresh process (where nothing imported transformers yet): glove-avg loads on a machine without a
+    GPU driver without importing torch or transformers (seconds of start-up); the first load that does
+    import transformers prints nothing and leaves its logging and bars at their defaults."""
+    from docembed.runtime import _gpu_driver_present
+
+    script = (
+        "import sys, docembed\n"
+        "docembed.load('glove-avg', device='auto').encode(['a text'])\n"
+        "print('torch' in sys.modules, 'transformers' in sys.modules)\n"
+        "docembed.load('nugget', device='cpu').encode(['a short text to embed'])\n"
+        "from transformers.utils import logging\n"
+        "from huggingface_hub.utils import are_progress_bars_disabled\n"
+        "print(logging.get_verbosity() == logging.WARNING, logging.is_progress_bar_enabled(),"
+        " are_progress_bars_disabled())\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    light, defaults = done.stdout.splitlines()
+    assert light == ("True True" if _gpu_driver_present() else "False False")
+    assert defaults == "True True False" and done.stderr == ""
 
 
 def test_save_and_load_embeddings_at_the_top(glove, tmp_path):

@@ -13,7 +13,7 @@ LAYERS = [
     {"io", "datasets"},
     {"models", "zoo", "faiss_index"},
     {"training", "encoding", "parallel"},
-    {"evaluation", "engines", "zoo.export", "similarity", "api"},
+    {"evaluation", "engines", "zoo.export", "similarity", "api", "server"},
     {"cli", "__main__", "__init__", "integrations"},
 ]
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -23,7 +24,7 @@ import numpy as np
 
 from docembed.errors import DocembedError, UsageError
 from docembed.io.embeddings import STORAGES
-from docembed.io.outputs import DirectoryKind, atomic_path
+from docembed.io.outputs import DirectoryKind, atomic_path, directory_output, output_lock
 from docembed.scoring import maxsim_one_to_many
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors, l2_normalize
 
@@ -123,7 +124,7 @@ class VectorIndex:
             raise DocembedError("cannot build an index over zero embeddings")
         metadata = dict(embeddings.metadata, index_kind=kind, count=len(embeddings))
         metadata.pop("text_hashes", None)  # the rows' text digests (encode --reuse): not the index's
-        metadata["storage"] = storage
+        metadata.update(storage=storage, dim=embeddings.dim, kind="multi" if embeddings.is_multi else "dense")
         _refuse_non_finite(embeddings)
         if embeddings.is_multi:
             multi = embeddings.data
@@ -177,37 +178,72 @@ class VectorIndex:
         is the new vectors', not a rebuild."""
         if len(embeddings) == 0:
             return
-        self._check_same_model(embeddings)
-        _refuse_non_finite(embeddings)
-        have = set(self.ids)
-        if len(have) != len(self.ids):
-            raise DocembedError("the index holds duplicate ids (--allow-duplicate-ids): rebuild it instead")
-        present = next((i for i in embeddings.ids if i in have), None)
-        if present is not None:
-            raise DocembedError(
-                f"id {present!r} is already in the index: ids stay unique (to replace a document, "
-                "`docembed index remove` it first)"
-            )
-        if len(set(embeddings.ids)) != len(embeddings.ids):
-            repeated = next(i for i, n in Counter(embeddings.ids).items() if n > 1)
-            raise DocembedError(f"id {repeated!r} is repeated in the new embeddings: ids stay unique")
-        if embeddings.is_multi != (self.multi is not None):
-            kind = "multi-vector" if self.multi is not None else "dense"
-            raise DocembedError(f"the index holds {kind} embeddings; the new ones are not")
-        if embeddings.dim != self.index.d:
-            raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {self.index.d}-d")
+        _check_addition(embeddings, self.ids, self.metadata, self.index.d, self.multi is not None)
+        self._append(_normalized(embeddings), list(embeddings.ids))
+
+    def _append(self, data: Vectors, ids: list[str]) -> None:
+        """faiss adds the (normalised) vectors; ids and the multi-vector rows follow."""
         if self.multi is not None:
-            new = embeddings.data
             before = self.index.ntotal
-            self.index.add(l2_normalize(new.vectors.astype(np.float32)))
+            self.index.add(data.vectors)
             vectors = _held(self.index, before)
-            self.multi = MultiVectors.concat([self.multi, MultiVectors(vectors, new.offsets)])
+            self.multi = MultiVectors.concat([self.multi, MultiVectors(vectors, data.offsets)])
             self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
         else:
-            self.index.add(l2_normalize(np.asarray(embeddings.data, dtype=np.float32)))
-        self.ids.extend(embeddings.ids)
+            self.index.add(data)
+        self.ids.extend(ids)
         self.metadata["count"] = len(self.ids)
         self._rows = None
+
+    @classmethod
+    def append_saved(
+        cls, directory: str | Path, embeddings: EmbeddingSet, compact_share: float = 0.1
+    ) -> bool:
+        """Add `embeddings` to the index saved in `directory` without rewriting it: they are written as a
+        segment (`added/NNNN/`) that `load` adds to the index, so the cost is the new vectors', not the
+        collection's. meta.json, replaced last, is the commit point: a failed append leaves the index as it
+        was. Once the segments hold more than `compact_share` of the documents, the whole index is loaded and
+        saved again as one file instead (returns True then), so loading never adds more than that share."""
+        directory = Path(directory)
+        if len(embeddings) == 0:
+            return False
+        if not (directory / "index.faiss").exists():
+            raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
+        with output_lock(directory, INDEX_DIRECTORY):
+            metadata = _read_index_meta(directory / "meta.json")
+            segments = metadata.get("segments", [])
+            appended = [i for name in segments for i in read_ids(directory / SEGMENTS / name)]
+            ids = read_ids(directory) + appended
+            described = "dim" in metadata and metadata.get("kind") in ("dense", "multi")
+            if described:
+                _check_addition(embeddings, ids, metadata, int(metadata["dim"]), metadata["kind"] == "multi")
+            share = (len(appended) + len(embeddings)) / (len(ids) + len(embeddings))
+            compact = not described or share > compact_share
+            if not compact:
+                cls._write_segment(directory, metadata, embeddings, len(ids))
+        if compact:  # the whole index rewritten, all or nothing, as `index remove` writes it
+            index = cls.load(directory)
+            index.add(embeddings)
+            with directory_output(directory, INDEX_DIRECTORY, overwrite=True) as staging:
+                index.save(staging)
+        return compact
+
+    @staticmethod
+    def _write_segment(directory: Path, metadata: dict, embeddings: EmbeddingSet, count: int) -> None:
+        """The segment's files first, then meta.json naming it: the commit, replaced in one rename."""
+        segments = metadata.get("segments", [])
+        name = f"{len(segments) + 1:04d}"
+        folder = directory / SEGMENTS / name
+        shutil.rmtree(folder, ignore_errors=True)  # left by an append that failed before its commit
+        folder.mkdir(parents=True)
+        data = _normalized(embeddings)
+        np.save(folder / "vectors.npy", data.vectors if isinstance(data, MultiVectors) else data)
+        if isinstance(data, MultiVectors):
+            np.save(folder / "offsets.npy", data.offsets)
+        write_ids(folder, list(embeddings.ids))
+        metadata.update(segments=[*segments, name], count=count + len(embeddings))
+        with atomic_path(directory / "meta.json") as tmp:
+            tmp.write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
 
     def remove(self, ids: Iterable[str]) -> int:
         """Drop the documents with these ids (unknown ids are ignored); returns how many went. A flat index
@@ -280,14 +316,6 @@ class VectorIndex:
             [hit for hit in hits if hit[0] != doc_id][:k] for doc_id, hits in zip(doc_ids, found, strict=True)
         ]
 
-    def _check_same_model(self, embeddings: EmbeddingSet) -> None:
-        for key in ("model", "config_hash"):
-            mine, theirs = self.metadata.get(key), embeddings.metadata.get(key)
-            if mine is not None and theirs is not None and mine != theirs:
-                raise DocembedError(
-                    f"the new embeddings come from another model ({key}: {theirs!r}, the index: {mine!r})"
-                )
-
     def save(self, directory: str | Path) -> None:
         faiss = _faiss()
         directory = Path(directory)
@@ -300,7 +328,9 @@ class VectorIndex:
         write_ids(directory, self.ids)
         if self.multi is not None:  # the vectors themselves are index.faiss's (`_held` at load time)
             np.save(directory / "offsets.npy", self.multi.offsets)
-        (directory / "meta.json").write_text(json.dumps(self.metadata, indent=2) + "\n", encoding="utf-8")
+        shutil.rmtree(directory / SEGMENTS, ignore_errors=True)  # index.faiss holds their vectors now
+        metadata = {key: value for key, value in self.metadata.items() if key != "segments"}
+        (directory / "meta.json").write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
 
     @classmethod
     def load(cls, directory: str | Path) -> VectorIndex:
@@ -314,7 +344,10 @@ class VectorIndex:
         multi = _read_multi(directory, index) if (directory / "offsets.npy").exists() else None
         _check_counts(directory, index, ids, metadata, multi)
         _check_stored_vectors(directory, index, multi)
-        return cls(index, ids, metadata, multi)
+        loaded = cls(index, ids, metadata, multi)
+        for name in metadata.get("segments", []):  # appended by `append_saved`: faiss adds them now
+            loaded._append(*_read_segment(directory / SEGMENTS / name, multi is not None, index.d))
+        return loaded
 
     def _check_queries(self, queries: Vectors) -> None:
         """Queries of another width (a query model other than the index's) or holding NaN are refused:
@@ -329,6 +362,60 @@ class VectorIndex:
         values = queries.vectors if isinstance(queries, MultiVectors) else np.asarray(queries)
         if not np.isfinite(values).all():
             raise DocembedError("a query embedding holds NaN or infinite values")
+
+
+# --- appended segments ----------------------------------------------------------------------------------
+SEGMENTS = "added"  # folder of the segments `append_saved` writes, one numbered folder each
+
+
+def _normalized(embeddings: EmbeddingSet) -> Vectors:
+    """The vectors as faiss is given them: float32, L2-normalised (cosine as inner product)."""
+    if embeddings.is_multi:
+        data = embeddings.data
+        return MultiVectors(l2_normalize(data.vectors.astype(np.float32)), data.offsets)
+    return l2_normalize(np.asarray(embeddings.data, dtype=np.float32))
+
+
+def _check_addition(embeddings: EmbeddingSet, ids: list[str], metadata: dict, dim: int, multi: bool) -> None:
+    """What `add` refuses: another model, NaN, ids already present or repeated, another kind or width."""
+    for key in ("model", "config_hash"):
+        mine, theirs = metadata.get(key), embeddings.metadata.get(key)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise DocembedError(
+                f"the new embeddings come from another model ({key}: {theirs!r}, the index: {mine!r})"
+            )
+    _refuse_non_finite(embeddings)
+    have = set(ids)
+    if len(have) != len(ids):
+        raise DocembedError("the index holds duplicate ids (--allow-duplicate-ids): rebuild it instead")
+    present = next((i for i in embeddings.ids if i in have), None)
+    if present is not None:
+        raise DocembedError(
+            f"id {present!r} is already in the index: ids stay unique (to replace a document, "
+            "`docembed index remove` it first)"
+        )
+    if len(set(embeddings.ids)) != len(embeddings.ids):
+        repeated = next(i for i, n in Counter(embeddings.ids).items() if n > 1)
+        raise DocembedError(f"id {repeated!r} is repeated in the new embeddings: ids stay unique")
+    if embeddings.is_multi != multi:
+        kind = "multi-vector" if multi else "dense"
+        raise DocembedError(f"the index holds {kind} embeddings; the new ones are not")
+    if embeddings.dim != dim:
+        raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {dim}-d")
+
+
+def _read_segment(folder: Path, multi: bool, dim: int) -> tuple[Vectors, list[str]]:
+    try:
+        vectors = np.load(folder / "vectors.npy", allow_pickle=False)
+        offsets = np.load(folder / "offsets.npy", allow_pickle=False) if multi else None
+    except (OSError, ValueError, EOFError) as error:
+        raise DocembedError(f"{folder} is a damaged segment of its index: {error}") from None
+    ids = read_ids(folder)
+    data = MultiVectors(vectors, offsets) if multi else vectors
+    shape_ok = vectors.ndim == 2 and vectors.shape[1] == dim and len(data) == len(ids)
+    if not shape_ok or not np.isfinite(vectors).all():
+        raise DocembedError(f"{folder} is a damaged segment of its index: rebuild the index")
+    return data, ids
 
 
 # --- ids: a JSON array, so that any string (line breaks, \v, U+2028 ...) comes back exactly ---------------

@@ -39,17 +39,28 @@ def models_home() -> Path:
 
 
 def resolve_device(device: str | None = None) -> str:
-    """'auto' picks cuda when torch sees a GPU, else cpu; 'cuda' without a GPU is a user error."""
-    import torch
-
+    """'auto' picks cuda when torch sees a GPU, else cpu; 'cuda' without a GPU is a user error. On a Linux
+    machine without a GPU driver, 'auto' is cpu without importing torch (2-3 s of start-up that the
+    models without torch, glove-avg, tf-idf, bm25, pv, would otherwise pay on every command)."""
     from docembed.errors import UsageError
 
     device = device or settings.device
+    if device == "cpu" or (device == "auto" and "torch" not in sys.modules and not _gpu_driver_present()):
+        return "cpu"
+    import torch
+
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise UsageError("--device cuda was asked for, but torch sees no CUDA device")
     return device
+
+
+def _gpu_driver_present() -> bool:
+    """Whether torch could see a GPU: on Linux only with an NVIDIA (or ROCm) driver loaded; elsewhere ask."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return Path("/proc/driver/nvidia/version").exists() or Path("/dev/kfd").exists()
 
 
 _interrupt_requested = False
@@ -135,7 +146,11 @@ def quiet_third_party() -> Iterator[None]:
     import warnings
 
     restore = []
-    if importlib.util.find_spec("transformers") is not None:
+    if "transformers" not in sys.modules:
+        # Not imported yet: a model without transformers (glove-avg, tf-idf ...) must not pay its import
+        # (about 1 s). Its import-time defaults are set through the environment instead, and reset after.
+        restore.append(_quiet_transformers_on_import())
+    elif importlib.util.find_spec("transformers") is not None:
         from transformers.utils import logging as transformers_logging
 
         verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
@@ -155,6 +170,41 @@ def quiet_third_party() -> Iterator[None]:
     finally:
         for undo in restore:
             undo()
+
+
+def _quiet_transformers_on_import():
+    """Make transformers silent from its import on (its verbosity is read from the environment then) and
+    turn off huggingface_hub's bars (a cheap import, which transformers follows); the returned undo puts
+    the environment back and, when the block imported transformers, its verbosity and bars to what the
+    original environment gives (what a later import would have had)."""
+    import importlib.util
+
+    before = os.environ.get("TRANSFORMERS_VERBOSITY")
+    os.environ["TRANSFORMERS_VERBOSITY"] = "error"
+    hub_bars_were_on = False
+    if importlib.util.find_spec("huggingface_hub") is not None:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+
+        hub_bars_were_on = not are_progress_bars_disabled()
+        disable_progress_bars()
+
+    def undo():
+        if before is None:
+            os.environ.pop("TRANSFORMERS_VERBOSITY", None)
+        else:
+            os.environ["TRANSFORMERS_VERBOSITY"] = before
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.set_verbosity(transformers_logging._get_default_logging_level())
+            if hub_bars_were_on:
+                transformers_logging.enable_progress_bar()  # huggingface_hub's bars as well
+        elif hub_bars_were_on:
+            from huggingface_hub.utils import enable_progress_bars
+
+            enable_progress_bars()
+
+    return undo
 
 
 class _NullBar:

@@ -43,6 +43,7 @@ COMMAND_MODULES = [
     "train_setenc",
     "distill_static",
     "plot",
+    "serve",
 ]
 
 

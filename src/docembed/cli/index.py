@@ -107,24 +107,26 @@ def _refuse_bm25(index: str) -> None:
 def add(
     index: str = typer.Argument(..., help="Index directory from `docembed index build`."),
     embeddings: str = typer.Argument(..., help="More embeddings (same model) to append."),
+    compact: bool = typer.Option(
+        False, "--compact", help="Rewrite the index as one file now instead of appending a segment."
+    ),
 ) -> None:
-    """Append documents to an index: their ids must be new; IVF/HNSW add the new vectors without
-    retraining. The index is replaced on disk all or nothing.
+    """Append documents to an index: their ids must be new. The new vectors are written as a segment
+    beside the index (its meta.json, replaced last, commits the add), so the cost is theirs, not the
+    collection's; IVF/HNSW add them to the trained index when it loads. Once segments hold over 10 % of
+    the documents the index is rewritten as one file (also with --compact).
 
     Example: docembed encode more.jsonl -m glove-avg -o more.npy && docembed index add docs.index more.npy
     """
-    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
+    from docembed.faiss_index import VectorIndex
     from docembed.io.embeddings import load_embeddings
-    from docembed.io.outputs import directory_output
     from docembed.runtime import log
 
     _refuse_bm25(index)
-    vector_index = VectorIndex.load(index)
     emb = load_embeddings(embeddings)
-    vector_index.add(emb)
-    with directory_output(index, INDEX_DIRECTORY, overwrite=True, inputs=[embeddings]) as staging:
-        vector_index.save(staging)
-    log(f"added {len(emb)} documents to {index} ({len(vector_index.ids)} now)")
+    compacted = VectorIndex.append_saved(index, emb, compact_share=0.0 if compact else 0.1)
+    how = "rewritten as one file" if compacted else "appended as a segment"
+    log(f"added {len(emb)} documents to {index} ({how})")
 
 
 @index_app.command("remove")

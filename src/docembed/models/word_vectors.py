@@ -51,14 +51,39 @@ def read_word_vectors(path: str | Path, keep: Container[str] | None = None) -> t
 def offline_glove() -> tuple[list[str], np.ndarray]:
     """Words and vectors of the offline GloVe 6B 50d package (read once per process)."""
     if not _OFFLINE_GLOVE:
-        import pyarrow.parquet as pq
-
         from docembed.models.offline import glove_files
 
         vectors_path, words_path = glove_files()
-        words = [str(w) for w in pq.read_table(words_path, columns=["index"]).column("index").to_pylist()]
-        _OFFLINE_GLOVE.append((words, np.load(vectors_path).astype(np.float32, copy=False)))
+        vectors = np.load(vectors_path).astype(np.float32, copy=False)
+        _OFFLINE_GLOVE.append((_glove_words(words_path), vectors))
     return _OFFLINE_GLOVE[0]
+
+
+def _glove_words(parquet_path: Path) -> list[str]:
+    """The package's 400,000 words. Reading the parquet file costs about 1 s (pyarrow and pandas imports),
+    more than the rest of a glove-avg command's start-up, so the list is kept once as JSON beside the other
+    unpacked offline files, keyed by the parquet file's size and mtime."""
+    import json
+
+    from docembed.io.outputs import atomic_path
+    from docembed.runtime import models_home
+
+    stat = parquet_path.stat()
+    cached = models_home() / "offline" / f"glove-6b-words-{stat.st_size}-{stat.st_mtime_ns}.json"
+    try:
+        return json.loads(cached.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        pass
+    import pyarrow.parquet as pq
+
+    words = [str(w) for w in pq.read_table(parquet_path, columns=["index"]).column("index").to_pylist()]
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        with atomic_path(cached) as tmp:
+            tmp.write_text(json.dumps(words), encoding="utf-8")
+    except OSError:  # a read-only home: read the parquet file each time
+        pass
+    return words
 
 
 def base_word_vectors(vectors: str | None) -> tuple[list[str], np.ndarray]:
