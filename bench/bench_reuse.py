@@ -1,6 +1,6 @@
 """`docembed encode --reuse` vs a full encode (#32): a corpus of IMDB texts of which 1 % changed.
 
-v1 = the first `n` IMDB train texts from $DOCEMBED_DATA; v2 = v1 with every 100th text changed (a sentence
+v1 = the first `n` IMDB texts from $DOCEMBED_DATA (train, then test); v2 = v1 with every 100th text changed (a sentence
 appended). `encode v1 -o v1.npy` once, then timed in fresh processes, one thread: `encode v2 -o full.npy`
 and `encode v2 --reuse v1.npy -o reused.npy`; the two outputs (vectors, ids, metadata) must be identical
 bytes. `startup_s` is the same command on a one-document file (start-up and model load), subtracted in
@@ -38,8 +38,10 @@ def main(
 ) -> dict:
     from docembed.datasets import data_root
 
-    with gzip.open(data_root() / "imdb" / "train.jsonl.gz", "rt", encoding="utf-8") as handle:
-        rows = [json.loads(line) for _, line in zip(range(n), handle, strict=False)]
+    rows = []
+    for split in ("train", "test"):  # past 25,000 texts the test reviews follow the train ones
+        with gzip.open(data_root() / "imdb" / f"{split}.jsonl.gz", "rt", encoding="utf-8") as handle:
+            rows += [json.loads(line) for _, line in zip(range(n - len(rows)), handle, strict=False)]
     changed = [
         dict(row, text=row["text"] + " (edited)") if i % every == 0 else row for i, row in enumerate(rows)
     ]
