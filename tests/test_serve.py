@@ -132,3 +132,22 @@ def test_serve_refuses_what_it_cannot_serve(capfd, tmp_path):
     corpus.write_text('{"id": "a", "text": "x y"}\n')
     invoke(capfd, "index", "build", corpus, "--type", "bm25", "-o", tmp_path / "bm25")
     assert "vector index" in invoke(capfd, "serve", "--index", tmp_path / "bm25").err
+
+
+def test_a_multi_vector_model_is_served_as_vectors_per_text(tiny_sbert_tokens_dir):
+    """In process (the routes without the socket): a multi-vector model's /encode gives each text its list
+    of vectors, and /search scores with mean-MaxSim as the index does."""
+    import docembed
+    from docembed.faiss_index import VectorIndex
+    from docembed.server import EmbeddingService
+
+    model = docembed.load(tiny_sbert_tokens_dir, device="cpu")
+    stored = model.encode(TEXTS)
+    index = VectorIndex.build(docembed.EmbeddingSet(stored, [f"d{i}" for i in range(4)], model.metadata()))
+    service = EmbeddingService(model, index)
+    vectors = service.answer("POST", "/encode", {"texts": TEXTS[:2]})["embeddings"]
+    for mine, theirs in zip(vectors, stored.to_list()[:2], strict=True):
+        np.testing.assert_allclose(np.array(mine), theirs, atol=1e-6)
+    found = service.answer("POST", "/search", {"queries": [TEXTS[2]], "k": 2})["results"][0]
+    assert found["results"][0] == {"id": "d2", "score": pytest.approx(1.0, abs=1e-5)}
+    assert service.answer("GET", "/health", {})["multi_vector"] is True

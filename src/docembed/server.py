@@ -76,8 +76,9 @@ class EmbeddingService:
 
     def encode(self, body: dict) -> dict:
         vectors = self.model.encode(_texts(body, "texts"), self.batch_size, show_progress_bar=False)
-        embeddings = [v.tolist() for v in vectors] if isinstance(vectors, list) else vectors.tolist()
-        return {"model": self.model.name, "embeddings": embeddings}
+        if isinstance(vectors, MultiVectors):  # a list of vectors per text
+            return {"model": self.model.name, "embeddings": [v.tolist() for v in vectors.to_list()]}
+        return {"model": self.model.name, "embeddings": vectors.tolist()}
 
     def similarity(self, body: dict) -> dict:
         scores = self.model.similarity(_texts(body, "a"), _texts(body, "b"))
@@ -101,10 +102,7 @@ class EmbeddingService:
             for doc_id, hits in zip(ids, self.index.more_like(ids, k) if ids else [], strict=True)
         ]
         if queries:
-            vectors = self.model.encode(queries, self.batch_size, show_progress_bar=False)
-            if isinstance(vectors, list):
-                vectors = MultiVectors.from_list(vectors)
-            found = self.index.search(vectors, k)
+            found = self.index.search(self.model.encode(queries, self.batch_size, show_progress_bar=False), k)
             rows += [
                 {"query_id": str(i), "query": text, "results": _hits(hits)}
                 for i, (text, hits) in enumerate(zip(queries, found, strict=True))
