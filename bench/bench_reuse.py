@@ -1,10 +1,10 @@
 """`docembed encode --reuse` vs a full encode (#32): a corpus of IMDB texts of which 1 % changed.
 
-v1 = the first `n` IMDB texts from $DOCEMBED_DATA (train, then test); v2 = v1 with every 100th text changed (a sentence
-appended). `encode v1 -o v1.npy` once, then timed in fresh processes, one thread: `encode v2 -o full.npy`
-and `encode v2 --reuse v1.npy -o reused.npy`; the two outputs (vectors, ids, metadata) must be identical
-bytes. `startup_s` is the same command on a one-document file (start-up and model load), subtracted in
-`*_less_startup`.
+v1 = the first `n` IMDB texts from $DOCEMBED_DATA (train, then test); v2 = v1 with every 100th text changed
+(a sentence appended). `encode v1 -o v1.npy` once, then timed in fresh processes, one thread: `encode v2
+-o full.npy` and `encode v2 --reuse v1.npy -o reused.npy`; the two outputs (vectors, ids, metadata) must
+be identical bytes. `startup_s` is the same command on a one-document file (start-up and model load),
+subtracted in `*_less_startup`.
 
     .venv/bin/python bench/bench_reuse.py            # -> bench/results/reuse.json
 """
