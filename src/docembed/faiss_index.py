@@ -273,10 +273,7 @@ class VectorIndex:
 
     def stored(self, doc_id: str) -> Vectors:
         """The stored (normalised) embedding of document `doc_id`, shaped as a query batch of one."""
-        try:
-            row = self.ids.index(doc_id)
-        except ValueError:
-            raise DocembedError(f"id {doc_id!r} is not in the index") from None
+        row = self._row(doc_id)
         if self.multi is not None:
             return self.multi.select([row])
         if hasattr(self.index, "make_direct_map"):
@@ -298,6 +295,10 @@ class VectorIndex:
             self.index.make_direct_map()
         held = np.stack([self.index.reconstruct(int(row)) for row in rows])
         return held @ l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
+
+    def recorded_model(self) -> str | None:
+        """The model the index was built with, as its metadata records it (a saved model's path first)."""
+        return self.metadata.get("model_source") or self.metadata.get("model")
 
     def _row(self, doc_id: str) -> int:
         if self._rows is None:

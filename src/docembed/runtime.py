@@ -142,7 +142,6 @@ def quiet_third_party() -> Iterator[None]:
     """Silence what libraries print while a model loads (transformers' load reports about heads docembed
     does not use, its weight-loading bars, warnings a user cannot act on) and restore their settings after,
     so a notebook's own use of those libraries is left as it was."""
-    import importlib.util
     import warnings
 
     restore = []
@@ -150,7 +149,7 @@ def quiet_third_party() -> Iterator[None]:
         # Not imported yet: a model without transformers (glove-avg, tf-idf ...) must not pay its import
         # (about 1 s). Its import-time defaults are set through the environment instead, and reset after.
         restore.append(_quiet_transformers_on_import())
-    elif importlib.util.find_spec("transformers") is not None:
+    else:
         from transformers.utils import logging as transformers_logging
 
         verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()

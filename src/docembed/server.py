@@ -27,6 +27,7 @@ import numpy as np
 from docembed.api import Model
 from docembed.errors import DocembedError
 from docembed.faiss_index import VectorIndex
+from docembed.io.runs import hit_rows
 from docembed.runtime import log
 from docembed.types import MultiVectors
 
@@ -98,13 +99,13 @@ class EmbeddingService:
         if missing is not None:
             raise BadRequest(f"id {missing!r} is not in the index", HTTPStatus.NOT_FOUND)
         rows = [
-            {"query_id": doc_id, "results": _hits(hits)}
+            {"query_id": doc_id, "results": hit_rows(hits)}
             for doc_id, hits in zip(ids, self.index.more_like(ids, k) if ids else [], strict=True)
         ]
         if queries:
             found = self.index.search(self.model.encode(queries, self.batch_size, show_progress_bar=False), k)
             rows += [
-                {"query_id": str(i), "query": text, "results": _hits(hits)}
+                {"query_id": str(i), "query": text, "results": hit_rows(hits)}
                 for i, (text, hits) in enumerate(zip(queries, found, strict=True))
             ]
         return {"results": rows}
@@ -117,11 +118,6 @@ def _texts(body: dict, key: str, required: bool = True) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         raise BadRequest(f'"{key}" must be a list of strings')
     return value
-
-
-def _hits(hits: list[tuple[str, float]]) -> list[dict]:
-    # rounded as `docembed search` writes them, so a client sees the same numbers either way
-    return [{"id": doc_id, "score": round(score, 6)} for doc_id, score in hits]
 
 
 def make_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:

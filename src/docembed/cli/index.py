@@ -211,7 +211,7 @@ def search(
     from docembed.errors import UsageError
     from docembed.faiss_index import BM25Index, VectorIndex, fused_search, is_bm25_dir
     from docembed.io.readers import batched
-    from docembed.io.runs import check_output_format, trec_lines
+    from docembed.io.runs import check_output_format, hit_rows, trec_lines
     from docembed.runtime import resolve_device
 
     check_output_format(output_format)
@@ -239,15 +239,15 @@ def search(
     def rows():
         liked = vector_index.more_like(more_like, k) if more_like else []
         for doc_id, hits in zip(more_like or [], liked, strict=True):
-            yield {"query_id": doc_id, "results": _results(hits)}
+            yield {"query_id": doc_id, "results": hit_rows(hits)}
         if not query and not queries:
             return
         if bm25 is not None:  # lexical first stage: no model
             for chunk in batched(query_items(), 256):
                 for (qid, text), hits in zip(chunk, bm25.search_texts([t for _, t in chunk], k), strict=True):
-                    yield {"query_id": qid, "query": text, "results": _results(hits)}
+                    yield {"query_id": qid, "query": text, "results": hit_rows(hits)}
             return
-        spec = model or vector_index.metadata.get("model_source") or vector_index.metadata.get("model")
+        spec = model or vector_index.recorded_model()
         if not spec:
             raise UsageError("the index does not record its model: pass --model")
         from docembed.encoding import encode_texts
@@ -264,7 +264,7 @@ def search(
             else:
                 found = vector_index.search(vectors, k)
             for (qid, text), hits in zip(chunk, found, strict=True):
-                yield {"query_id": qid, "query": text, "results": _results(hits)}
+                yield {"query_id": qid, "query": text, "results": hit_rows(hits)}
 
     found = rows()
     if text_from:
@@ -295,10 +295,6 @@ def _fusion_for(encoder, lexical):
             f"hybrid search fuses a bm25 index: {encoder.name}'s lexical part is {encoder.lexical.family}"
         )
     return encoder
-
-
-def _results(hits: list[tuple[str, float]]) -> list[dict]:
-    return [{"id": doc_id, "score": round(score, 6)} for doc_id, score in hits]
 
 
 def _with_texts(rows: list[dict], corpus: str, id_field: str, text_field: str) -> list[dict]:

@@ -35,9 +35,7 @@ def serve(
     if index is not None and is_bm25_dir(index):
         raise UsageError("serve takes a vector index; search a bm25 index with `docembed search`")
     vector_index = VectorIndex.load(index) if index is not None else None
-    spec = model
-    if spec is None and vector_index is not None:
-        spec = vector_index.metadata.get("model_source") or vector_index.metadata.get("model")
+    spec = model or (vector_index.recorded_model() if vector_index is not None else None)
     if not spec:
         raise UsageError("give --model (or an --index that records its model)")
     service = EmbeddingService(load(spec, device=settings.device), vector_index, batch_size)

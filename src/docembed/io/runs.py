@@ -22,6 +22,11 @@ def check_output_format(value: str) -> str:
     return value
 
 
+def hit_rows(hits: list[tuple[str, float]]) -> list[dict]:
+    """Ranked (id, score) pairs as `search` writes them: [{id, score}], scores rounded to 6 decimals."""
+    return [{"id": doc_id, "score": round(score, 6)} for doc_id, score in hits]
+
+
 def trec_lines(qid: str, hits: list[dict], tag: str) -> str:
     """TREC run lines for ranked hits [{id, score}] (best first; ranks 1, 2, ...). A TREC run is
     whitespace-separated, so an id (or tag) that is empty or holds whitespace is refused in one line."""
