@@ -17,6 +17,9 @@ spread ones kept per document so that a few huge manuals do not dominate.
     python scripts/student_corpus.py runs/zoo/student-varied.jsonl --long 500 --short 200 \\
         --docs runs/debian-docs/docs.jsonl --man-limit 500 \\
         --man runs/debian-docs/man-pages.jsonl runs/debian-docs/man-578.jsonl
+
+`--varied-only` writes the varied documents alone (no IMDB / 20NG): with `--max-segments 1 --segment-words
+1000000` each page whole, the pair documents of `train-distill --pairs-from`.
 """
 
 from __future__ import annotations
@@ -101,9 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--segment-words", type=int, default=1400)
     parser.add_argument("--max-segments", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--varied-only", action="store_true", help="only --docs and --man documents")
     args = parser.parse_args(argv)
     long_docs, short_docs = [], []
-    for source in SOURCES:
+    for source in () if args.varied_only else SOURCES:
         for doc in datasets.documents(source):
             words = len(doc.text.split())
             row = {"id": f"{source}/{doc.id}", "text": doc.text}

@@ -106,7 +106,9 @@ def generated_block(name: str, results_path: Path | None) -> list[str]:
     train = record.get("train", {})
     lines += ["", "## Training", ""]
     lines.append(f"- Command: `{train['command']}`" if train.get("command") else "- Command: not recorded.")
-    if train.get("seconds"):
+    if train.get("time"):  # where the steps ran on different machines: said in words
+        lines.append(f"- Time: {train['time']}")
+    elif train.get("seconds"):
         threads = train.get("threads", 1)
         lines.append(f"- Time: {train['seconds'] / 60:.1f} min on this 2-core machine ({threads} thread(s)).")
     lines += ["", "## Scores beside the baselines", "", *score_table(name, results_path)]
@@ -142,6 +144,8 @@ def export(args) -> None:
     if seconds is None and summary_path.exists():
         seconds = json.loads(summary_path.read_text()).get("seconds")
     config["zoo"]["train"] = {"command": args.command, "seconds": seconds, "threads": args.threads}
+    if args.time:
+        config["zoo"]["train"]["time"] = args.time
     config_path.write_text(json.dumps(config, indent=2) + "\n")
     summary["check"] = zoo_export.write_check(directory, config["family"])
     write_card(args.name, latest_results())
@@ -162,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--command", help="the training command, for the card")
     p.add_argument("--seconds", type=float, help="training wall-clock seconds, for the card")
     p.add_argument("--threads", type=int, default=1, help="torch threads the training used")
+    p.add_argument("--time", help="the training time in words, when its steps ran on different machines")
     c = sub.add_parser("cards", help="refresh every card's generated part from a bench results file")
     c.add_argument("--results", type=Path, help="bench/results/DATE.json (default: the latest)")
     k = sub.add_parser("check", help="re-measure a shipped model's regression check and refresh its card")

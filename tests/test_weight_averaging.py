@@ -44,6 +44,21 @@ def test_tied_tensors_are_mixed_once():
     assert torch.equal(tuned.weights_module.second.weight, torch.full((2, 2), 2.0))
 
 
+def test_a_tensor_neither_model_changed_stays_bit_for_bit():
+    def model(frozen, tuned):
+        module = nn.Module()
+        module.frozen, module.tuned = nn.Linear(100, 10, bias=False), nn.Linear(2, 2, bias=False)
+        module.frozen.weight.data, module.tuned.weight.data = frozen.clone(), tuned.clone()
+        return SimpleNamespace(family="toy", weights_module=module)
+
+    frozen = torch.randn(10, 100, generator=torch.Generator().manual_seed(0))
+    assert not torch.equal(0.7 * frozen + 0.3 * frozen, frozen)  # the arithmetic alone would move it
+    tuned, start = model(frozen, torch.ones(2, 2)), model(frozen, torch.zeros(2, 2))
+    interpolate_weights(tuned, start, 0.7)
+    assert torch.equal(tuned.weights_module.frozen.weight, frozen)
+    assert torch.allclose(tuned.weights_module.tuned.weight, torch.full((2, 2), 0.7))
+
+
 def test_models_that_do_not_match_are_refused():
     with pytest.raises(UsageError, match=r"\[0, 1\]"):
         interpolate_weights(_static(4, 0), _static(4, 1), 1.5)

@@ -67,6 +67,22 @@ def train_distill(
     freeze_embeddings: bool = typer.Option(
         False, "--freeze-embeddings", help="Keep the word/position embeddings fixed (train the layers only)."
     ),
+    pairs_from: str = typer.Option(
+        None,
+        "--pairs-from",
+        help="Documents (.jsonl/.txt/.tsv) to also train on contrastively: each step draws --pair-batch-size "
+        "of them, first half -> second half or passage -> the page around it, against in-batch negatives.",
+    ),
+    pair_weight: float = typer.Option(1.0, "--pair-weight", min=0.0, help="Weight of the pair loss."),
+    pair_batch_size: int = typer.Option(
+        16, "--pair-batch-size", min=2, help="Pair documents per step (the in-batch negatives)."
+    ),
+    pair_groups: bool = typer.Option(
+        True,
+        "--pair-groups/--no-pair-groups",
+        help="Draw each step's pair documents from one group, their id up to its last '/' "
+        "(docs/git-doc/..., man1/...): pages of one manual are the hardest negatives.",
+    ),
     limit: int = common.LIMIT,
     max_docs: int = common.hidden_alias("--max-docs", min=1),
     cache_dir: str = typer.Option(
@@ -77,7 +93,8 @@ def train_distill(
     text_field: str = common.TEXT_FIELD,
     loop: LoopOptions = None,
 ) -> None:
-    """Distil a long student: L = lambda(x) L_depth(student, sbert) + L_breadth(student, pv).
+    """Distil a long student: L = lambda(x) L_depth(student, sbert) + L_breadth(student, pv)
+    [+ pair_weight L_pairs on --pairs-from documents].
 
     Example: docembed train-distill corpus.jsonl -o models/student --teacher sbert,pv
     """
@@ -112,6 +129,15 @@ def train_distill(
     texts = [doc.text for doc in itertools.islice(reader, limit or max_docs)]
     if len(texts) < 2:
         raise UsageError(f"{corpus}: need at least 2 documents, found {len(texts)}")
+    pair_texts = groups = None
+    if pairs_from:
+        if pairs_from == "-":
+            raise UsageError("--pairs-from is read once per run but must be a file, not stdin")
+        pair_docs = list(common.reader(pairs_from, format, id_field, text_field, False))
+        pair_texts = [doc.text for doc in pair_docs]
+        groups = [doc.id.rpartition("/")[0] if pair_groups else "" for doc in pair_docs]
+        if len(pair_texts) < 2:
+            raise UsageError(f"--pairs-from {pairs_from}: need at least 2 documents, found {len(pair_texts)}")
     device = resolve_device()
 
     model = student_to_train(student, max_length, attention_window, settings.seed)
@@ -150,11 +176,15 @@ def train_distill(
             batch_size=batch_size,
             gradient_checkpointing=gradient_checkpointing,
             freeze_embeddings=freeze_embeddings,
+            pair_weight=pair_weight,
+            pair_batch_size=pair_batch_size,
             seed=settings.seed,
         ),
         sbert_vectors=vectors.sbert,
         sbert_weights=vectors.sbert_weights,
         pv_vectors=vectors.pv,
+        pair_texts=pair_texts,
+        pair_groups=groups,
     )
     summary = train(recipe, loop.train_config(out, settings.seed, device), validate=loop.validation(model))
     if not is_main_process():
@@ -168,6 +198,11 @@ def train_distill(
                 "pv_model": vectors.pv_model or pv_model,
                 "documents": len(texts),
                 "corpus": corpus,
+                "pairs_from": pairs_from,
+                "pair_documents": len(pair_texts or ()),
+                "pair_weight": pair_weight if pairs_from else None,
+                "pair_batch_size": pair_batch_size if pairs_from else None,
+                "pair_groups": sorted(set(groups)) if pairs_from else None,
             },
             indent=2,
         )

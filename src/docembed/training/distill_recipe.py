@@ -6,6 +6,12 @@
   in the teacher's own tokens), else 0: SBERT's vector of a truncated document describes only its start.
 - L_depth is losses/distill.py (cosine, MSE or bounded max-margin); L_breadth is losses/soft_cca.py.
 
+With pair documents (`--pairs-from`, issue 35), every step also draws `pair_batch_size` of them, makes a
+(query, positive) view of each (training/document_pairs.py: first half -> second half, passage -> page) and
+adds pair_weight * L_pairs, the in-batch contrastive loss of losses/in_batch_contrastive.py: the teachers
+keep what the student learnt on their corpus while the pairs teach it the documents' own structure, on
+text where imitating a teacher cannot beat the teacher.
+
 Teacher vectors are computed once per corpus and cached on disk (`docembed.encoding.EmbeddingCache`), keyed
 by the teacher's identity and each document's text hash, so training never recomputes them and a second
 run on an overlapping corpus only encodes the new documents. `student_to_train` and `teacher_vectors` set up
@@ -26,9 +32,11 @@ from torch import nn
 from docembed.errors import UsageError
 from docembed.io.readers import batched
 from docembed.losses.distill import DepthLoss
+from docembed.losses.in_batch_contrastive import InBatchContrastiveLoss
 from docembed.losses.soft_cca import SoftCCALoss
 from docembed.models.student import StudentConfig, StudentEncoder, masked_mean
 from docembed.tensors import PackedSequences, pad_sequences
+from docembed.training.document_pairs import document_view
 from docembed.training.loop import Recipe, main_process_first
 
 
@@ -157,22 +165,33 @@ def pv_teacher(
 
 # --- the module the loop trains ---------------------------------------------------------------------------
 class DistillModule(nn.Module):
-    def __init__(self, student, depth: DepthLoss | None, breadth: SoftCCALoss | None, depth_dim: int | None):
+    def __init__(
+        self,
+        student,
+        depth: DepthLoss | None,
+        breadth: SoftCCALoss | None,
+        depth_dim: int | None,
+        pairs: InBatchContrastiveLoss | None = None,
+        pair_weight: float = 0.0,
+    ):
         super().__init__()
         self.student = student
         self.depth = depth
         self.breadth = breadth
+        self.pairs = pairs
+        self.pair_weight = pair_weight
         hidden = student.config.hidden_size
         # A student narrower or wider than the SBERT teacher needs a map into the teacher's space.
         self.depth_head = (
             nn.Linear(hidden, depth_dim) if depth and depth_dim and depth_dim != hidden else None
         )
 
+    def pool(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.student(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return masked_mean(hidden, attention_mask)
+
     def forward(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        hidden = self.student(
-            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]
-        ).last_hidden_state
-        pooled = masked_mean(hidden, batch["attention_mask"])
+        pooled = self.pool(batch["input_ids"], batch["attention_mask"])
         terms: dict[str, torch.Tensor] = {}
         loss = pooled.sum() * 0.0
         if self.depth is not None:
@@ -187,6 +206,13 @@ class DistillModule(nn.Module):
             terms["cca_l2"] = breadth["l2"]
             terms["cca_decorrelation"] = breadth["decorrelation"]
             loss = loss + breadth["loss"]
+        if self.pairs is not None and "query_ids" in batch:
+            queries = self.pool(batch["query_ids"], batch["query_mask"])
+            positives = self.pool(batch["positive_ids"], batch["positive_mask"])
+            pairs = self.pairs(queries, positives)
+            terms["pairs"] = pairs["loss"].detach()
+            terms["pair_acc"] = pairs["pair_acc"]
+            loss = loss + self.pair_weight * pairs["loss"]
         return {"loss": loss, **terms}
 
 
@@ -204,6 +230,10 @@ class DistillSettings:
     bucket_batches: int = 32  # length buckets: sort this many batches' worth of documents by length
     gradient_checkpointing: bool = False
     freeze_embeddings: bool = False  # embeddings stay the base model's (the zoo ships layers only)
+    pair_weight: float = 1.0  # weight of the contrastive loss on pair documents (when there are any)
+    pair_batch_size: int = 16  # pair documents per step (each gives a query and a positive)
+    pair_scale: float = 20.0  # the contrastive loss' inverse temperature
+    pair_max_words: int = 1400  # words per view (the student's 2,048 tokens hold about 1,500)
     seed: int = 0
 
 
@@ -218,10 +248,24 @@ class DistillRecipe(Recipe):
         sbert_vectors: np.ndarray | None = None,
         sbert_weights: np.ndarray | None = None,
         pv_vectors: np.ndarray | None = None,
+        pair_texts: Sequence[str] | None = None,
+        pair_groups: Sequence[str] | None = None,
     ):
         super().__init__()
         if sbert_vectors is None and pv_vectors is None:
             raise UsageError("distillation needs at least one teacher (sbert, pv)")
+        pair_texts = list(pair_texts or ())
+        pair_groups = list(pair_groups) if pair_groups is not None else [""] * len(pair_texts)
+        if len(pair_groups) != len(pair_texts):
+            raise ValueError(f"{len(pair_groups)} pair groups for {len(pair_texts)} pair documents")
+        kept = [(text, group) for text, group in zip(pair_texts, pair_groups, strict=True) if text.strip()]
+        if pair_texts and len(kept) < 2:
+            raise UsageError("pair documents: need at least 2 non-empty documents (in-batch negatives)")
+        self.pair_texts = [text for text, _ in kept]
+        # a batch's pairs come from one group, so its negatives are its hardest: pages of the same manual
+        self.pair_group_rows: dict[str, list[int]] = {}
+        for row, (_, group) in enumerate(kept):
+            self.pair_group_rows.setdefault(group, []).append(row)
         self.student = student
         self.settings = settings
         # Token ids as compact arrays (the length buckets need random access), tokenized a chunk at a time.
@@ -259,8 +303,14 @@ class DistillRecipe(Recipe):
         student.model.train()
         if settings.freeze_embeddings:
             student.model.embeddings.requires_grad_(False)
+        pairs = InBatchContrastiveLoss(settings.pair_scale) if self.pair_texts else None
         self.module = DistillModule(
-            student.model, depth, breadth, self.sbert.shape[1] if self.sbert is not None else None
+            student.model,
+            depth,
+            breadth,
+            self.sbert.shape[1] if self.sbert is not None else None,
+            pairs,
+            settings.pair_weight,
         )
 
     def _order(self, epoch: int) -> list[list[int]]:
@@ -283,8 +333,32 @@ class DistillRecipe(Recipe):
         return len(self._order(epoch))
 
     def batches(self, epoch: int) -> Iterator[dict[str, torch.Tensor]]:
-        for rows in self._order(epoch):
-            yield self.collate(rows)
+        for number, rows in enumerate(self._order(epoch)):
+            batch = self.collate(rows)
+            if self.pair_texts:
+                batch.update(self.pair_batch(epoch, number))
+            yield batch
+
+    def pair_batch(self, epoch: int, number: int) -> dict[str, torch.Tensor]:
+        """Batch `number` of `epoch`'s views: distinct pair documents of one group and their views, drawn by
+        an rng seeded with (seed, epoch, number), so a resumed run sees the same views whichever batch it
+        starts at."""
+        rng = random.Random(f"{self.settings.seed}/{epoch}/{number}")
+        # the group with odds by its size (a group of one page has no negatives: skipped)
+        groups = [rows for rows in self.pair_group_rows.values() if len(rows) > 1]
+        if not groups:
+            groups = [[row for rows in self.pair_group_rows.values() for row in rows]]
+        rows = rng.choices(groups, weights=[len(g) for g in groups])[0]
+        size = min(self.settings.pair_batch_size, len(rows))
+        views = [
+            document_view(self.pair_texts[i], rng, self.settings.pair_max_words)
+            for i in rng.sample(rows, size)
+        ]
+        out = {}
+        for side, texts in (("query", [q for q, _ in views]), ("positive", [p for _, p in views])):
+            ids, mask = pad_sequences(self.student.tokenize(texts), self.student.pad_id)
+            out[f"{side}_ids"], out[f"{side}_mask"] = ids, mask
+        return out
 
     def collate(self, rows: list[int]) -> dict[str, torch.Tensor]:
         input_ids, mask = pad_sequences([self.token_ids[i] for i in rows], self.student.pad_id)
@@ -297,7 +371,8 @@ class DistillRecipe(Recipe):
         return batch
 
     def batch_units(self, batch: dict[str, torch.Tensor]) -> int:
-        return int(batch["attention_mask"].sum())
+        masks = ("attention_mask", "query_mask", "positive_mask")
+        return sum(int(batch[name].sum()) for name in masks if name in batch)
 
     def save(self, directory: Path) -> None:
         if self.settings.gradient_checkpointing:

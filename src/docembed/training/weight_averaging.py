@@ -34,6 +34,10 @@ def interpolate_weights(tuned, start, weight: float) -> None:
             if tensor.data_ptr() in done:
                 continue
             done.add(tensor.data_ptr())
+            if torch.equal(tensor, other):
+                # w * x + (1 - w) * x is not always x in floating point: a tensor neither model changed
+                # (frozen embeddings) stays bit for bit the base's, so the zoo need not ship it
+                continue
             if tensor.is_floating_point():
                 mixed = weight * tensor.float() + (1.0 - weight) * other.float()
                 tensor.copy_(mixed.to(tensor.dtype))
