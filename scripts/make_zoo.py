@@ -28,7 +28,7 @@ DOCEMBED = str(Path(sys.executable).with_name("docembed"))
 # fmt: off
 # The student's settings, shared by its two steps (the second resumes the first to cool the LR down).
 _STUDENT = [
-    "--seed", "0", "train-distill", "{runs}/student-corpus.jsonl", "-o", "{out}",
+    "--seed", "0", "train-distill", "{runs}/student-corpus.jsonl", "-o", "{out}/distilled",
     "--teacher", "sbert,pv", "--depth-target", "chunks", "--depth-weight", "2",
     "--max-length", "2048", "--freeze-embeddings", "--batch-size", "8",
     "--lr", "5e-5", "--warmup-steps", "20", "--log-every", "10", "--save-every", "50",
@@ -87,11 +87,51 @@ RECIPES: dict[str, dict | None] = {
     # LR, then the same run resumed to cool down linearly over 150 more (warmup-stable-decay; chosen over
     # the uncooled 294 / 450 and a cool-down from 294 on the same validation tasks). Step counts, not a
     # time budget, so the run is the same on any machine (the budget only guards a stuck run).
+    #
+    # Then (issue 35) the distilled student continues with the same teachers on the corpus' first 3,000
+    # documents plus the in-batch pair loss on Debian documentation (train split) and man pages of under
+    # 2,000 words (so none of bench_long's): 32 pages of one manual per step, first half -> second half or
+    # passage -> page; pair weight 1, 338 steps; then the result interpolated 0.7 with the distilled student
+    # it started from (WiSE-FT). Chosen among pair weights 1 / 0.25 and interpolations 0.5 / 0.7 on
+    # bench_student_kinds' val split under the long-val and PI dev conditions (bench/results/student/
+    # pairs.md). 6 minutes on one H200; on one CPU thread most of a day (about 120k tokens a step).
     "student": {
         "steps": [
             ["python", "scripts/student_corpus.py", "{runs}/student-corpus.jsonl"],
             [*_STUDENT, "--max-steps", "450", "--time-budget", "9000"],
             [*_STUDENT, "--max-steps", "600", "--decay-steps", "150", "--time-budget", "3600", "--resume"],
+            [
+                "python", "scripts/debian_docs.py", "{runs}/debian-docs/docs.jsonl",
+                "--cache", "{runs}/debian-docs",
+            ],
+            [
+                "python", "scripts/man_corpus.py", "{runs}/man-section1.jsonl",
+                "--sections", "1", "--limit", "15768", "--min-bytes", "2000",
+            ],
+            [
+                "python", "scripts/man_corpus.py", "{runs}/man-sections578.jsonl",
+                "--sections", "5,7,8", "--limit", "500", "--min-bytes", "2500",
+            ],
+            [
+                "python", "scripts/student_corpus.py", "{runs}/student-pairs.jsonl", "--varied-only",
+                "--docs", "{runs}/debian-docs/docs.jsonl",
+                "--man", "{runs}/man-section1.jsonl", "{runs}/man-sections578.jsonl",
+                "--segment-words", "1000000", "--max-segments", "1", "--long-words", "300",
+            ],
+            [
+                "--seed", "0", "train-distill", "{runs}/student-corpus.jsonl", "--limit", "3000",
+                "-o", "{out}/pairs", "--student", "{out}/distilled",
+                "--teacher", "sbert,pv", "--pv-model", "{out}/distilled/pv-teacher",
+                "--depth-target", "chunks", "--depth-weight", "2", "--freeze-embeddings", "--batch-size", "8",
+                "--pairs-from", "{runs}/student-pairs.jsonl", "--pair-weight", "1", "--pair-batch-size", "32",
+                "--lr", "2e-5", "--warmup-steps", "20", "--max-steps", "338", "--log-every", "25",
+            ],
+            [
+                "python", "-c", "import docembed; "
+                "from docembed.training.weight_averaging import interpolate_weights; "
+                "m = docembed.load('{out}/pairs'); "
+                "interpolate_weights(m, docembed.load('{out}/distilled'), 0.7); m.encoder.save('{out}')",
+            ],
         ],
         "drop": [],
     },
