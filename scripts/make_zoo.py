@@ -94,7 +94,7 @@ RECIPES: dict[str, dict | None] = {
     # passage -> page; pair weight 1, 338 steps; then the result interpolated 0.7 with the distilled student
     # it started from (WiSE-FT). Chosen among pair weights 1 / 0.25 and interpolations 0.5 / 0.7 on
     # bench_student_kinds' val split under the long-val and PI dev conditions (bench/results/student/
-    # pairs.md). 6 minutes on one H200; on one CPU thread most of a day (about 120k tokens a step).
+    # pairs.md). 6 minutes on one H200; on one CPU thread, estimated at most of a day.
     "student": {
         "steps": [
             ["python", "scripts/student_corpus.py", "{runs}/student-corpus.jsonl"],

@@ -106,24 +106,21 @@ def test_pair_batches_are_seeded_per_batch_and_drawn_from_one_group(tiny_bert_di
 
 def test_training_with_pairs_logs_and_lowers_the_pair_loss(tiny_bert_dir, tmp_path):
     recipe = _pair_recipe(tiny_bert_dir, pair_weight=5.0)
-    recipe.module.eval()
     batch = recipe.pair_batch(0, 0)
-    with torch.no_grad():
-        before = recipe.module.pairs(
-            recipe.module.pool(batch["query_ids"], batch["query_mask"]),
-            recipe.module.pool(batch["positive_ids"], batch["positive_mask"]),
-        )["loss"]
+
+    def pair_loss() -> float:
+        module = recipe.module.eval()
+        with torch.no_grad():
+            queries = module.pool(batch["query_ids"], batch["query_mask"])
+            positives = module.pool(batch["positive_ids"], batch["positive_mask"])
+            return float(module.pairs(queries, positives)["loss"])
+
+    before = pair_loss()
     summary = train(
         recipe, TrainConfig(output_dir=str(tmp_path), epochs=15, lr=3e-3, log_every=1, device="cpu")
     )
-    recipe.module.eval()
-    with torch.no_grad():
-        after = recipe.module.pairs(
-            recipe.module.pool(batch["query_ids"], batch["query_mask"]),
-            recipe.module.pool(batch["positive_ids"], batch["positive_mask"]),
-        )["loss"]
     assert summary["steps"] == 30 and {"pairs", "pair_acc"} <= set(summary["last"])
-    assert float(after) < float(before)
+    assert pair_loss() < before
 
 
 def test_pair_documents_need_two(tiny_bert_dir):

@@ -132,7 +132,7 @@ def train_distill(
     pair_texts = groups = None
     if pairs_from:
         if pairs_from == "-":
-            raise UsageError("--pairs-from is read once per run but must be a file, not stdin")
+            raise UsageError("--pairs-from takes a file (distill.json records its path), not stdin")
         pair_docs = list(common.reader(pairs_from, format, id_field, text_field, False))
         pair_texts = [doc.text for doc in pair_docs]
         groups = [doc.id.rpartition("/")[0] if pair_groups else "" for doc in pair_docs]

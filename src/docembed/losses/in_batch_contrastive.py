@@ -21,12 +21,11 @@ class InBatchContrastiveLoss(nn.Module):
 
     pair_acc: the fraction of queries whose highest-scoring positive is their own (chance: 1 / n)."""
 
-    def __init__(self, scale: float = 20.0, symmetric: bool = True):
+    def __init__(self, scale: float = 20.0):
         super().__init__()
         if not scale > 0:
             raise ValueError("scale must be > 0")
         self.scale = scale
-        self.symmetric = symmetric
 
     def forward(self, queries: torch.Tensor, positives: torch.Tensor) -> dict[str, torch.Tensor]:
         if queries.shape != positives.shape:
@@ -35,9 +34,7 @@ class InBatchContrastiveLoss(nn.Module):
         p = F.normalize(positives.float(), dim=-1)
         scores = self.scale * q @ p.T
         gold = torch.arange(scores.shape[0], device=scores.device)
-        loss = F.cross_entropy(scores, gold)
-        if self.symmetric:
-            loss = (loss + F.cross_entropy(scores.T, gold)) / 2
+        loss = (F.cross_entropy(scores, gold) + F.cross_entropy(scores.T, gold)) / 2
         with torch.no_grad():
             accuracy = (scores.argmax(dim=1) == gold).float().mean()
         return {"loss": loss, "pair_acc": accuracy}

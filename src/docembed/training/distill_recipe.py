@@ -263,9 +263,13 @@ class DistillRecipe(Recipe):
             raise UsageError("pair documents: need at least 2 non-empty documents (in-batch negatives)")
         self.pair_texts = [text for text, _ in kept]
         # a batch's pairs come from one group, so its negatives are its hardest: pages of the same manual
-        self.pair_group_rows: dict[str, list[int]] = {}
+        # (a group of one page has no negatives: left out, unless no group has two)
+        rows_by_group: dict[str, list[int]] = {}
         for row, (_, group) in enumerate(kept):
-            self.pair_group_rows.setdefault(group, []).append(row)
+            rows_by_group.setdefault(group, []).append(row)
+        self.pair_group_rows = [rows for rows in rows_by_group.values() if len(rows) > 1] or [
+            list(range(len(kept)))
+        ]
         self.student = student
         self.settings = settings
         # Token ids as compact arrays (the length buckets need random access), tokenized a chunk at a time.
@@ -344,11 +348,8 @@ class DistillRecipe(Recipe):
         an rng seeded with (seed, epoch, number), so a resumed run sees the same views whichever batch it
         starts at."""
         rng = random.Random(f"{self.settings.seed}/{epoch}/{number}")
-        # the group with odds by its size (a group of one page has no negatives: skipped)
-        groups = [rows for rows in self.pair_group_rows.values() if len(rows) > 1]
-        if not groups:
-            groups = [[row for rows in self.pair_group_rows.values() for row in rows]]
-        rows = rng.choices(groups, weights=[len(g) for g in groups])[0]
+        # the group with odds by its size
+        rows = rng.choices(self.pair_group_rows, weights=[len(g) for g in self.pair_group_rows])[0]
         size = min(self.settings.pair_batch_size, len(rows))
         views = [
             document_view(self.pair_texts[i], rng, self.settings.pair_max_words)

@@ -41,5 +41,5 @@ def interpolate_weights(tuned, start, weight: float) -> None:
             if tensor.is_floating_point():
                 mixed = weight * tensor.float() + (1.0 - weight) * other.float()
                 tensor.copy_(mixed.to(tensor.dtype))
-            elif not torch.equal(tensor, other):
+            else:  # not floating point, and not equal
                 raise DocembedError(f"{name} differs between the two models and cannot be interpolated")
