@@ -107,3 +107,10 @@ def encode_fp32_and_int8(capfd, model_dir: Path, texts: list[str], suffix: str) 
     assert outputs["int8"].metadata.get("inference") == "openvino-int8"
     assert "inference" not in outputs["fp32"].metadata
     return outputs
+
+
+def tiny_distill_args(corpus: Path, out: Path, student: Path, sbert: Path, cache: Path) -> list[str]:
+    """`train-distill` of a tiny student from the tiny sbert teacher alone (fast: no PV teacher to train)."""
+    args = ["-q", "train-distill", str(corpus), "-o", str(out), "--student", str(student)]
+    args += ["--teacher", "sbert", "--sbert-model", str(sbert), "--batch-size", "4"]
+    return [*args, "--cache-dir", str(cache)]

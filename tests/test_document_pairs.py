@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from cli_helpers import tiny_distill_args
 from docembed.losses.in_batch_contrastive import InBatchContrastiveLoss
 from docembed.models.student import convert_long
 from docembed.training.distill_recipe import DistillRecipe, DistillSettings
@@ -149,16 +150,7 @@ def test_cli_train_distill_with_pairs_from(tiny_bert_dir, tiny_sbert_dir, tmp_pa
     ]
     pages.write_text("".join(json.dumps(row) + "\n" for row in rows))
     out = tmp_path / "trained"
-    args = ["-q", "train-distill", str(corpus), "-o", str(out), "--student", str(student_dir), "--teacher"]
-    args += [
-        "sbert",
-        "--sbert-model",
-        str(tiny_sbert_dir),
-        "--batch-size",
-        "4",
-        "--cache-dir",
-        str(tmp_path / "c"),
-    ]
+    args = tiny_distill_args(corpus, out, student_dir, tiny_sbert_dir, tmp_path / "c")
     result = CliRunner().invoke(app, [*args, "--pairs-from", str(pages), "--pair-batch-size", "2"])
     assert result.exit_code == 0, result.output
     recorded = json.loads((out / "distill.json").read_text())

@@ -8,6 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from cli_helpers import tiny_distill_args
 from docembed.cli import app
 from docembed.encoding import EmbeddingCache, model_identity
 from docembed.errors import UsageError
@@ -236,26 +237,8 @@ def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_p
         + "\n"
     )
     out = tmp_path / "trained"
-    result = runner.invoke(
-        app,
-        [
-            "-q",
-            "train-distill",
-            str(corpus),
-            "-o",
-            str(out),
-            "--student",
-            str(student_dir),
-            "--teacher",
-            "sbert",
-            "--sbert-model",
-            str(tiny_sbert_dir),
-            "--batch-size",
-            "4",
-            "--cache-dir",
-            str(tmp_path / "cache"),
-        ],
-    )
+    args = tiny_distill_args(corpus, out, student_dir, tiny_sbert_dir, tmp_path / "cache")
+    result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors").exists() and (out / "train_summary.json").exists()
     assert load_model(str(out)).encode(["a film"]).shape == (1, 32)
