@@ -13,7 +13,8 @@ student, the student before distillation (`docembed convert-long sbert --max-len
 folder given with `--student LABEL=PATH`. Each student row has its paired difference from sbert-chunks and
 tf-idf; per-query reciprocal ranks are kept under runs/student_kinds/ so a rerun adds only new rows.
 
-    .venv/bin/python bench/bench_student_kinds.py [--split val] [--student new=runs/zoo/student]
+    .venv/bin/python bench/bench_student_kinds.py [--split val] [--student new=runs/zoo/student] \\
+        [--man-pages 80 --out bench/results/other.json]
     .venv/bin/python bench/run.py --only student_kinds
 """
 
@@ -121,6 +122,7 @@ def main(
     splits: list[str] | None = None,
     students: list[tuple[str, str]] = (),
     man_pages: int = 80,
+    out: pathlib.Path = OUT,
 ) -> dict:
     from docembed.evaluation.statistics import paired_difference
 
@@ -141,14 +143,15 @@ def main(
                         row[f"vs_{other}"] = paired_difference(rr, results[other][task][split])
                 rows[f"{task}/{split}"] = row
         table[label] = rows
+    man_count = len(bench_long.pages(man_pages))
     summary = {
         "data": "Debian documentation pages of 600-8,000 words (scripts/debian_docs.py, split by page id) "
-        f"and bench_long's man pages (the first {man_pages} by name, split as bench_long splits them)",
+        f"and bench_long's man pages (the first {man_count} by name, split as bench_long splits them)",
         "queries": {f"{t}/{s}": len(q) for t, by in all_tasks.items() for s, (q, _) in by.items()},
         "students": dict(students),
         "models": table,
     }
-    OUT.write_text(json.dumps(summary, indent=2) + "\n")
+    pathlib.Path(out).write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -156,9 +159,11 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--split", choices=("val", "test"), help="one split only (default: both)")
     parser.add_argument("--student", action="append", default=[], help="LABEL=PATH, a student folder")
-    parser.add_argument("--man-pages", type=int, default=80)
+    parser.add_argument("--man-pages", type=int, default=80, help="the first N long man pages (or all)")
+    parser.add_argument("--out", type=pathlib.Path, default=OUT, help="results file (default: the bench's)")
     args = parser.parse_args()
     chosen = [tuple(s.split("=", 1)) for s in args.student]
-    result = main(splits=[args.split] if args.split else None, students=chosen, man_pages=args.man_pages)
+    splits = [args.split] if args.split else None
+    result = main(splits=splits, students=chosen, man_pages=args.man_pages, out=args.out)
     json.dump(result, sys.stdout, indent=1)
     print()
