@@ -48,7 +48,7 @@ def _curve(out: pathlib.Path, ranks: int, batch: int) -> list[dict]:
 def _retrieval(model: pathlib.Path) -> dict:
     cmd = [PYTHON, "-m", "docembed", "-q", "evaluate", "20newsgroups-retrieval", "-m", str(model)]
     proc = subprocess.run(
-        [*cmd, "--no-cache", "-o", str(model / "eval")],
+        [*cmd, "--no-cache", "--overwrite", "-o", str(model / "eval")],
         check=True,
         capture_output=True,
         text=True,

@@ -176,11 +176,13 @@ def test_cli_fit_fusion_then_rerank_with_the_folder(capfd, tmp_path, tiny_sbert_
     for row, query in zip(rows, QUERIES, strict=True):
         expected = loaded.score(query, DOCS)
         assert [r["text"] for r in row["ranking"]] == [DOCS[i] for i in np.argsort(-expected, kind="stable")]
-        assert [r["score"] for r in row["ranking"]] == sorted(round(float(s), 6) for s in expected)[::-1]
+        # computed floats: the last of 6 decimals may differ on another CPU (1.197094 vs 1.197093)
+        ranked_scores = sorted((float(s) for s in expected), reverse=True)
+        assert [r["score"] for r in row["ranking"]] == pytest.approx(ranked_scores, abs=1e-5)
     # a pair: scored with the saved statistics
     result = invoke(capfd, "similarity", QUERIES[0], DOCS[0], "-m", out)
     assert result.code == 0 and float(result.out) == pytest.approx(
-        loaded.pair_scores([QUERIES[0]], [DOCS[0]])[0], abs=1e-6
+        loaded.pair_scores([QUERIES[0]], [DOCS[0]])[0], abs=1e-5
     )
 
 

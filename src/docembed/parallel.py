@@ -73,6 +73,7 @@ def encode_documents_in_processes(
     batch_size: int = 32,
     total: int | None = None,
     coverage: Coverage | None = None,
+    allow_empty: bool = False,
 ) -> EmbeddingSet:
     """`encoding.encode_documents` with `workers` processes, each building `spec` once; `model` is the one
     the parent built from `spec` (its metadata, and the encoder when `workers` is 1)."""
@@ -94,6 +95,10 @@ def encode_documents_in_processes(
             model.encode([""], batch_size=1)  # look for it in the cache (each would export it otherwise)
         parts = _collect(_in_workers(spec, workers, pieces(), batch_size, count), model.name, total, coverage)
     if not ids:
+        if allow_empty:  # an empty shard: the parent's model gives the width
+            from docembed.encoding import encode_documents
+
+            return encode_documents(model, [], allow_empty=True, coverage=coverage)
         raise DocembedError("no documents to encode: the input is empty")
     metadata = model.metadata()
     if coverage is not None:

@@ -2,7 +2,8 @@
 interactive use pays the model's load once instead of on every `similarity` / `search` command.
 
 Routes (request and response bodies are JSON objects; an error is {"error": "one line"} with status 400 for
-a bad request, 404 for an unknown path or id, 405 for the wrong method):
+a bad request, 404 for an unknown path or id, 405 for the wrong method, 413 for a body over MAX_BODY_BYTES or
+a list over MAX_TEXTS texts):
 - GET  /health      {"model", "family", "dim", "multi_vector", "documents"} (documents: null without index)
 - POST /encode      {"texts": [...]} -> {"model", "embeddings"}: one vector per text, or for a multi-vector
                     model a list of vectors per text, as `docembed encode` computes them
@@ -18,6 +19,7 @@ otherwise: there is no authentication, so expose it only where every client may 
 from __future__ import annotations
 
 import json
+import sys
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +34,15 @@ from docembed.runtime import log
 from docembed.types import MultiVectors
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# An over-size body up to this much is read and dropped, so that the client (which sends it all before it
+# reads) gets the 413 instead of a reset; beyond it the connection is closed unread.
+MAX_DISCARD_BYTES = 2 * MAX_BODY_BYTES
+# The answer grows with the texts asked for: a 7.5 MB body of 1.5 million short texts would otherwise ask
+# for a 1.5 GB answer. Per list of a request; /similarity's len(a) x len(b) scores have a cap of their own.
+MAX_TEXTS = 4096
+MAX_SCORES = 1024 * 1024
+# Connections waiting to be accepted: the standard library's 5 resets clients beyond a handful at once.
+LISTEN_BACKLOG = 1024
 
 
 class BadRequest(Exception):
@@ -55,6 +66,10 @@ class EmbeddingService:
             ("POST", "/similarity"): self.similarity,
             ("POST", "/search"): self.search,
         }
+
+    def allowed(self, path: str) -> list[str]:
+        """The methods `path` takes (a 405's Allow header)."""
+        return [method for method, known in self.routes if known == path]
 
     def answer(self, method: str, path: str, body: dict) -> dict:
         route = self.routes.get((method, path))
@@ -82,7 +97,13 @@ class EmbeddingService:
         return {"model": self.model.name, "embeddings": vectors.tolist()}
 
     def similarity(self, body: dict) -> dict:
-        scores = self.model.similarity(_texts(body, "a"), _texts(body, "b"))
+        a, b = _texts(body, "a"), _texts(body, "b")
+        if len(a) * len(b) > MAX_SCORES:
+            raise BadRequest(
+                f"{len(a)} x {len(b)} scores asked: at most {MAX_SCORES} per request",
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+            )
+        scores = self.model.similarity(a, b)
         return {"scores": np.round(np.asarray(scores, dtype=np.float64), 6).tolist()}
 
     def search(self, body: dict) -> dict:
@@ -117,7 +138,24 @@ def _texts(body: dict, key: str, required: bool = True) -> list[str]:
         return []
     if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
         raise BadRequest(f'"{key}" must be a list of strings')
+    if len(value) > MAX_TEXTS:
+        raise BadRequest(
+            f'"{key}" holds {len(value)} texts: at most {MAX_TEXTS} per request',
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
     return value
+
+
+class _Server(ThreadingHTTPServer):
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True  # a client that never finishes its request does not keep the process alive
+
+    def handle_error(self, request, client_address) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, ConnectionError):  # the client went away (broken pipe, reset): not a bug
+            log(f"{client_address[0]} went away: {type(error).__name__}")
+            return
+        super().handle_error(request, client_address)
 
 
 def make_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
@@ -134,39 +172,103 @@ def make_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 
         def do_POST(self):  # noqa: N802
             self._respond("POST")
 
+        # every other method: a JSON 405 (or 404), not the base class's HTML 501
+        def do_HEAD(self):  # noqa: N802
+            self._respond("HEAD")
+
+        def do_PUT(self):  # noqa: N802
+            self._respond("PUT")
+
+        def do_DELETE(self):  # noqa: N802
+            self._respond("DELETE")
+
+        def do_PATCH(self):  # noqa: N802
+            self._respond("PATCH")
+
+        def do_OPTIONS(self):  # noqa: N802
+            self._respond("OPTIONS")
+
         def _respond(self, method: str) -> None:
+            self._unread = 0  # bytes of an over-size body left on the socket
             try:
                 answer, status = service.answer(method, self.path, self._body(method)), HTTPStatus.OK
             except BadRequest as error:
                 answer, status = {"error": str(error)}, error.status
             except DocembedError as error:  # what the CLI reports in one line: the request's fault
                 answer, status = {"error": str(error).splitlines()[0]}, HTTPStatus.BAD_REQUEST
+            except ConnectionError:  # the client went away mid-request: nobody to answer (_Server logs it)
+                raise
             except Exception as error:  # a bug: the client gets its one line, the log the rest
                 log(f"error: {method} {self.path}: {type(error).__name__}: {error}")
                 answer, status = {"error": f"internal error: {type(error).__name__}"}, HTTPStatus(500)
+            headers = {}
+            if status == HTTPStatus.METHOD_NOT_ALLOWED:
+                headers["Allow"] = ", ".join(service.allowed(self.path))
+            self._send(status, answer, headers)
+            self._discard_unread()
+
+        def _send(self, status: HTTPStatus, answer: dict, headers: dict | None = None) -> None:
             data = (json.dumps(answer, ensure_ascii=False) + "\n").encode("utf-8")
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
+            for name, value in (headers or {}).items():
+                self.send_header(name, value)
+            if self.close_connection:  # the rest of the socket cannot be read as requests
+                self.send_header("Connection", "close")
             self.end_headers()
-            self.wfile.write(data)
+            if getattr(self, "command", None) != "HEAD":
+                self.wfile.write(data)
+
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            # the base class's errors (a bad request line, too many headers, an unknown method) in JSON
+            self.log_error("code %d, message %s", code, message)
+            self.close_connection = True
+            self._send(HTTPStatus(code), {"error": message or HTTPStatus(code).phrase})
 
         def _body(self, method: str) -> dict:
-            length = int(self.headers.get("Content-Length") or 0)
+            length = self._content_length()
             if length > MAX_BODY_BYTES:
-                raise BadRequest(f"the request body is over {MAX_BODY_BYTES // 2**20} MiB")
+                self._unread, self.close_connection = length, True
+                raise BadRequest(
+                    f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
+                    HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                )
             raw = self.rfile.read(length) if length else b""
-            if method == "GET":
+            if method != "POST":
                 return {}
             try:
                 body = json.loads(raw or b"{}")
             except (UnicodeDecodeError, ValueError) as error:
                 raise BadRequest(f"the request body is not JSON: {error}") from None
+            except RecursionError:
+                raise BadRequest("the request body is nested too deeply") from None
             if not isinstance(body, dict):
                 raise BadRequest("the request body must be a JSON object")
             return body
 
+        def _content_length(self) -> int:
+            value = (self.headers.get("Content-Length") or "0").strip()
+            if not (value.isascii() and value.isdigit()):  # negative, or not a number: where does it end?
+                self.close_connection = True
+                raise BadRequest(f"Content-Length must be a number of bytes, not {value[:40]!r}")
+            return int(value)
+
+        def _discard_unread(self) -> None:
+            """Read and drop an over-size body (up to MAX_DISCARD_BYTES), so the client reads its 413."""
+            if not 0 < self._unread <= MAX_DISCARD_BYTES:
+                return
+            self.connection.settimeout(10)  # a client that stops sending does not hold the thread
+            try:
+                while self._unread > 0:
+                    chunk = self.rfile.read(min(self._unread, 1 << 20))
+                    if not chunk:
+                        break
+                    self._unread -= len(chunk)
+            except OSError:  # gone or stalled: the connection closes anyway
+                pass
+
         def log_message(self, format: str, *args) -> None:  # noqa: A002 (the standard library's name)
             log(f"{self.address_string()} {format % args}")
 
-    return ThreadingHTTPServer((host, port), Handler)
+    return _Server((host, port), Handler)

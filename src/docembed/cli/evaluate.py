@@ -46,6 +46,7 @@ def evaluate(
         "eval-results", "--output", "-o", help="Folder for one JSON result file per task and model."
     ),
     output_dir: str = common.hidden_alias("--output-dir"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace result files already in -o."),
     no_cache: bool = typer.Option(
         False, "--no-cache", help="Recompute embeddings instead of using the cache."
     ),
@@ -90,10 +91,11 @@ def evaluate(
     results = []
     for spec in models:
         model = load_evaluation_model(spec, device=resolve_device())
+        _check_results_free(output, model.name, names, overwrite)
         for name in names:
             log(f"evaluating {model.name} on {name}")
             result = TASKS[name].from_data_root(options).run(model)
-            path = write_result(result, output)
+            path = write_result(result, output, overwrite)
             for note in result.notes:
                 log(f"  note: {note}")
             log(f"  {result.primary_metric} = {result.score:.2f} ({result.seconds:.1f}s) -> {path}")
@@ -112,6 +114,22 @@ def evaluate(
         )
         table.add_row(r.task, r.model, r.primary_metric, f"{r.score:.2f}", others, f"{r.seconds:.1f}")
     stderr_console().print(table)
+
+
+def _check_results_free(output: str, model: str, names: list[str], overwrite: bool) -> None:
+    """Before a model's tasks run: their result files in -o are replaced only with --overwrite."""
+    from pathlib import Path
+
+    from docembed.errors import DocembedError
+    from docembed.evaluation import result_filename
+    from docembed.evaluation.base import EvalResult
+
+    if overwrite:
+        return
+    for name in names:
+        path = Path(output) / result_filename(EvalResult(name, model, "", 0.0, {}, {}, {}, 0.0, ""))
+        if path.exists():
+            raise DocembedError(f"output exists: {path} (pass --overwrite to replace it)")
 
 
 def _evaluate_run(qrels, run, measures, per_query, tasks) -> None:

@@ -167,6 +167,8 @@ def prepare_output(out: Path, job: dict, plan: Plan, overwrite: bool) -> dict:
         if (
             done
             and done.get("status") == "done"
+            # its own file, never one the manifest names elsewhere (../outside.parquet, /etc/...)
+            and done.get("file") == entry["file"]
             and (done.get("start"), done.get("stop")) == (start, stop)
             and _shard_rows(out / entry["file"]) == done.get("rows")
             # a shard that dropped invalid lines is not what a run without --skip-invalid would write

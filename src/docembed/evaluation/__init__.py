@@ -102,13 +102,14 @@ def result_filename(result: EvalResult) -> str:
     return f"{result.task}__{safe_model}.json"
 
 
-def write_result(result: EvalResult, output_dir: str | Path) -> Path:
+def write_result(result: EvalResult, output_dir: str | Path, overwrite: bool = True) -> Path:
+    """The result's JSON file in `output_dir`; an existing one is replaced only with `overwrite`."""
     from docembed.io.outputs import atomic_path
 
     directory = Path(output_dir)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / result_filename(result)
-    with atomic_path(path) as tmp:
+    with atomic_path(path, overwrite) as tmp:
         tmp.write_text(json.dumps(result.to_dict(), indent=2) + "\n", encoding="utf-8")
     return path
 

@@ -15,6 +15,7 @@ them in input order; `load_embeddings(DIR)` reads the whole directory back as on
 from __future__ import annotations
 
 import json
+import os
 import sys
 import zipfile
 from collections.abc import Sequence
@@ -52,7 +53,48 @@ def check_output_path(
     suffix = Path(path).suffix.lower().lstrip(".")
     format = format or (suffix if suffix in OUTPUT_FORMATS else None)
     if path != "-" and format:
-        check_companions(Path(path), set_companions(Path(path), format), overwrite, inputs)
+        companions = set_companions(Path(path), format)
+        _check_name_lengths(Path(path), companions)
+        check_companions(Path(path), companions, overwrite, inputs)
+        refuse_foreign_sidecars(Path(path), format)
+
+
+def _check_name_lengths(path: Path, companions: Sequence[Path]) -> None:
+    """Before the work: a sidecar whose name the file system cannot hold would fail the write at the end."""
+    from docembed.io.outputs import name_max
+
+    limit = name_max(path.absolute().parent)
+    for companion in companions:
+        if len(companion.name.encode("utf-8", "surrogateescape")) > limit:
+            raise DocembedError(
+                f"output name too long: {path} (its sidecar {companion.name} would be over the file system's "
+                f"{limit} bytes): choose a shorter name"
+            )
+
+
+def refuse_foreign_sidecars(path: Path, format: str) -> None:
+    """A file at a sidecar name of an existing set that the set did not write (its meta.json says what it
+    is: a dense set has no offsets/positions) is the user's: replacing the set must not delete it."""
+    if format != "npy" or not path.is_file():
+        return
+    try:
+        metadata = _metadata(_sidecar(path, "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, DamagedSetError):
+        return  # not a set docembed can read: the output rule alone decides
+    if metadata.get("kind") not in ("dense", "multi"):
+        return
+    written = {"ids.txt", "meta.json"}
+    if metadata["kind"] == "multi":
+        written |= {"offsets.npy", "positions.npy"}
+    if metadata.get("storage") == "int8":
+        written.add("scales.npy")
+    for kind in ("offsets.npy", "positions.npy", "scales.npy"):
+        sidecar = _sidecar(path, kind)
+        if kind not in written and os.path.lexists(sidecar):
+            raise DocembedError(
+                f"{sidecar} was not written by docembed with {path.name} (a {metadata['kind']} set): "
+                "move it away or choose another output"
+            )
 
 
 def set_companions(path: Path, format: str) -> list[Path]:
@@ -137,6 +179,12 @@ def check_storage(path: str, format: str | None, storage: str) -> str:
         raise UsageError(f"unknown output format {format!r}; choose one of {', '.join(OUTPUT_FORMATS)}")
     if storage not in STORAGES:
         raise UsageError(f"unknown storage {storage!r}; choose one of {', '.join(STORAGES)}")
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if path != "-" and suffix != format:  # a set is read back by its extension: x.npy holding parquet is lost
+        raise UsageError(
+            f"--output-format {format} does not match -o {path} (the format follows the extension): "
+            f"name the output .{format}, or drop --output-format"
+        )
     if storage != "float32" and format not in ("npy", "npz", "safetensors"):
         raise UsageError(f"--storage {storage} is for npy, npz and safetensors outputs, not {format}")
     return format
@@ -156,6 +204,8 @@ def save_embeddings(
     safetensors): float32, float16 or int8 (STORAGES). Returns the files written."""
     format = check_storage(path, format, storage)
     check_ids(emb.ids, format)
+    if path != "-":
+        refuse_foreign_sidecars(Path(path), format)
     metadata = dict(emb.metadata, dim=emb.dim, count=len(emb), kind="multi" if emb.is_multi else "dense")
     if storage != "float32":
         metadata["storage"] = storage
@@ -428,7 +478,12 @@ def load_embedding_shards(directory: str | Path) -> EmbeddingSet:
             raise ValueError("every shard must be an object with a 'file'")
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise DocembedError(f"cannot read {manifest_path}: {error}") from None
-    missing = [s["file"] for s in shards if s.get("status") != "done" or not (directory / s["file"]).exists()]
+    from docembed.io.readers import inside
+
+    files = [inside(directory, s["file"], manifest_path) for s in shards]  # never another folder's files
+    missing = [
+        s["file"] for s, f in zip(shards, files, strict=True) if s.get("status") != "done" or not f.exists()
+    ]
     if missing:
         raise DocembedError(
             f"{directory} is incomplete: {len(missing)} of {len(shards)} shards not written "
@@ -436,7 +491,7 @@ def load_embedding_shards(directory: str | Path) -> EmbeddingSet:
         )
     if not shards:
         raise DocembedError(f"{directory} lists no shards")
-    return concat_sets([load_embeddings(str(directory / s["file"])) for s in shards])
+    return concat_sets([load_embeddings(str(file)) for file in files])
 
 
 # What must agree for two sets to be parts of one: the same model, config, kind and width.

@@ -1,25 +1,29 @@
 """The one rule for outputs, and all-or-nothing writes.
 
 Rule (every command that writes): '-' is stdout; the folder must exist; a target that is not a regular file
-(a device node, a FIFO) or that is one of the command's inputs is refused, even with --overwrite; an existing
-output needs --overwrite - unless it is *stale*: any of its inputs is newer than it, make's own rule (`make`
-saw an input change and reruns the recipe). The staleness rule is `is_stale`, for files and for directory
+(a device node, a FIFO), that is one of the command's inputs or lies inside an input that is a folder (an
+index, a model) is refused, even with --overwrite; an existing output needs --overwrite - unless it is
+*stale*: any of its inputs is newer than it, make's own rule (`make` saw an input change and reruns the
+recipe). The staleness rule is `is_stale`, for files and for directory
 outputs of a known kind alike (an index, a fitted model): only the --overwrite it stands in for changes.
 
 Every file of an output set obeys the rule, sidecars included (`x.ids.txt`, `x.meta.json`, `x.offsets.npy`
 ... of `x.npy`): a sidecar that is an input is refused; an existing one needs --overwrite unless the set it
 belongs to is being replaced; when a set is replaced, the sidecars of the old set that the new one does not
-write are removed with it (a dense set written over a multi-vector one reads back dense).
+write are removed with it (a dense set written over a multi-vector one reads back dense); a file at a
+sidecar name that the old set did not write (its meta.json says what it is) is refused, never removed.
 
 Directory outputs (indexes, models, training runs) may exist empty. docembed replaces a non-empty one only
 if it is a docembed output of the same kind, recognised by its own marker (`DirectoryKind`: an index's
 index.faiss + meta.json, a model's config.json of a known family, a run's checkpoint/ or train log), and
 only with --overwrite or when it is stale. Never, even with --overwrite: the working directory or a folder
 above it (`.`, `..`), a folder that is or holds an input; a non-empty folder docembed did not write is
-refused, naming why.
+refused, naming why, and so is one of a kind that lists its files (`DirectoryKind.owns`: an index) holding
+any other file (the swap would delete it).
 (A shard directory is resumed in place: engines/manifest.py.)
 
-Writes: every file of a set goes to a temporary sibling `.NAME.tmpPID` first; only when all are complete are
+Writes: every file of a set goes to a temporary sibling `.NAME.tmpPID` first (NAME shortened with a hash
+where the sibling's name would be too long: `sibling_stem`); only when all are complete are
 they renamed into place, under a lock (`.NAME.lock`) that also re-checks the rule, so two processes writing
 the same output cannot both succeed and a reader never sees files of two different writes. A directory
 output is built in a staging sibling `.NAME.tmpPID/` and swapped in under the lock, held from the start
@@ -47,6 +51,9 @@ _TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<what>tmp|lock|old)(?P<pid>\d+)?$")
 # Put inside a staging folder while it is filled: the sweep removes a dead writer's folder only if it holds
 # this (or is empty, or is a complete output of its kind), never a folder it cannot tell docembed wrote.
 STAGING_MARKER = ".docembed-staging"
+# Files a library creates private whatever the umask (safetensors' save_file: 0600): before they are renamed
+# into place they get the mode of any other new file, so an output is as readable as the user asked.
+_PRIVATE_SUFFIXES = (".safetensors",)
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,9 @@ class DirectoryKind:
     name: str  # "docembed index"
     marker: str  # "index.faiss and meta.json"
     recognise: Callable[[Path], bool]
+    # the top-level names a folder of the kind holds (None: any): a rebuild swaps the whole folder, so one
+    # holding anything else (a user's notes) is refused rather than losing it
+    owns: Callable[[str], bool] | None = None
 
 
 def check_output(
@@ -77,6 +87,7 @@ def check_output(
         raise DocembedError(f"output folder does not exist: {parent}")
     if not parent.is_dir():
         raise DocembedError(f"output folder is not a directory: {parent}")
+    check_not_inside(path, inputs)
     try:
         info = target.stat()
     except FileNotFoundError:
@@ -97,6 +108,7 @@ def check_output(
                 f"output {path} is a folder that is not empty and is not a {kind.name} (no {kind.marker}): "
                 "docembed replaces only folders it wrote; choose another output"
             )
+        _refuse_foreign_entries(target, kind)
         # a folder of an unknown kind is replaced only when asked: staleness stands in for --overwrite only
         # where docembed can tell the folder is its own output
         if overwrite or (kind is not None and is_stale(info.st_mtime_ns, inputs)):
@@ -125,6 +137,30 @@ def _refuse_protected_folder(target: Path, inputs: Sequence[str | Path]) -> None
             continue
         if folder in Path(source).resolve().parents:
             raise DocembedError(f"output {target} holds the input {source}: choose another output folder")
+
+
+def check_not_inside(path: str | Path, inputs: Sequence[str | Path]) -> None:
+    """An output inside an input that is a folder (an index, a model, a shard directory) would replace or add
+    to that input's own files: never, even with --overwrite."""
+    if str(path) == "-":
+        return
+    resolved = Path(path).resolve()
+    for source in inputs:
+        if not source or str(source) == "-" or "://" in str(source) or not Path(source).is_dir():
+            continue
+        if Path(source).resolve() in resolved.parents:
+            raise DocembedError(f"output {path} is inside the input {source}: choose an output outside it")
+
+
+def _refuse_foreign_entries(target: Path, kind: DirectoryKind | None) -> None:
+    if kind is None or kind.owns is None:
+        return
+    for entry in sorted(target.iterdir()):
+        if not (kind.owns(entry.name) or _TEMP_RE.fullmatch(entry.name) or entry.name == STAGING_MARKER):
+            raise DocembedError(
+                f"output {target} holds {entry.name}, which docembed did not write and a rebuild would "
+                "delete: move it out of the folder or choose another output"
+            )
 
 
 def check_companions(
@@ -177,8 +213,35 @@ def is_stale(mtime_ns: int, inputs: Sequence[str | Path]) -> bool:
     return False
 
 
+# The longest a file name may be (bytes), and what docembed adds to an output's name for its temporary,
+# staging, old and lock siblings: ".NAME.lock" + a pid of up to 10 digits.
+NAME_MAX = 255
+_SIBLING_EXTRA = len(".") + len(".lock") + 10
+
+
+def name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return NAME_MAX
+
+
+def sibling_stem(name: str, limit: int = NAME_MAX) -> str:
+    """The NAME in `.NAME.tmpPID`, `.NAME.lock` and `.NAME.oldPID`: the output's name, or where that would
+    make a sibling's name too long for the file system, its start and a hash of it (so every output whose
+    own name fits can be written; the sweep derives the same stem)."""
+    room = limit - _SIBLING_EXTRA
+    if len(os.fsencode(name)) <= room:
+        return name
+    import hashlib
+
+    digest = hashlib.sha256(os.fsencode(name)).hexdigest()[:12]
+    start = os.fsencode(name)[: room - len(digest) - 1].decode("utf-8", "ignore")
+    return f"{start}~{digest}"
+
+
 def temporary_path(target: Path) -> Path:
-    return target.with_name(f".{target.name}.tmp{os.getpid()}")
+    return target.with_name(f".{sibling_stem(target.name)}.tmp{os.getpid()}")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -197,7 +260,7 @@ def sweep_stale_temporaries(
     """Remove `.NAME.tmpPID` files and `.NAME.lock` files of processes that no longer run (a SIGKILL or a
     power cut leaves them), and their staging folders (see `_sweep_folder`); only for the given target
     NAMEs. Returns what was removed."""
-    wanted = set(names)
+    wanted = {sibling_stem(name): name for name in names}
     removed = []
     try:
         entries = list(folder.iterdir())
@@ -216,7 +279,7 @@ def sweep_stale_temporaries(
         if not (pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))):
             continue
         if entry.is_dir() and not entry.is_symlink():
-            if _sweep_folder(entry, folder / match.group("name"), match.group("what"), kind):
+            if _sweep_folder(entry, folder / wanted[match.group("name")], match.group("what"), kind):
                 removed.append(entry)
         elif match.group("what") != "old":
             entry.unlink(missing_ok=True)
@@ -244,7 +307,7 @@ def _sweep_folder(entry: Path, target: Path, what: str, kind: DirectoryKind | No
 @contextmanager
 def output_lock(target: Path, kind: DirectoryKind | None = None) -> Iterator[None]:
     """An exclusive lock on writing `target` (a `.NAME.lock` file holding our pid)."""
-    lock = target.with_name(f".{target.name}.lock")
+    lock = target.with_name(f".{sibling_stem(target.name)}.lock")
     sweep_stale_temporaries(target.parent, [target.name], kind)
     # The lock appears with our pid already in it (written to `.NAME.lockPID`, then hard-linked into place,
     # which fails if the lock exists): a kill at any moment leaves no empty lock that no sweep could judge.
@@ -317,6 +380,8 @@ class OutputSet:
                     for stale in others:
                         if stale not in written:
                             stale.unlink(missing_ok=True)
+                if target.suffix in _PRIVATE_SUFFIXES:
+                    follow_umask(tmp)
                 os.replace(tmp, target)
         return [target for _, target in ordered]
 
@@ -379,7 +444,11 @@ def _staged_by_us(folder: Path) -> bool:
 def swap_in_folder(staging: Path, target: Path) -> None:
     """Replace `target` (absent, empty, or checked to be an output of its kind) by `staging`: the old folder
     is renamed away first and removed last, so a failure in between puts it back."""
-    old = target.with_name(f".{target.name}.old{os.getpid()}")
+    for suffix in _PRIVATE_SUFFIXES:
+        for path in staging.rglob(f"*{suffix}"):
+            if path.is_file() and not path.is_symlink():  # a link's target is not ours to change
+                follow_umask(path)
+    old = target.with_name(f".{sibling_stem(target.name)}.old{os.getpid()}")
     if target.is_dir() and not any(target.iterdir()):
         target.rmdir()
     elif target.exists():
@@ -391,6 +460,23 @@ def swap_in_folder(staging: Path, target: Path) -> None:
             os.rename(old, target)
         raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+def follow_umask(path: Path) -> None:
+    """Give `path` the mode open() gives a new file: 0666 less the umask."""
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    try:  # Linux says it without changing it (os.umask sets it: another thread could create a file then)
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def describe_os_error(error: OSError, path: bool = True) -> str:

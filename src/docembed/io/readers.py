@@ -76,6 +76,16 @@ def infer_format(path: str) -> str:
 
 
 # --- opening local files and URIs -------------------------------------------------------------------------
+def inside(folder: Path, name, source: Path) -> Path:
+    """`folder / name` for a plain file or folder name read from the metadata file `source`: a name with a
+    path separator, `..`, an absolute path or a link leading out of `folder` is refused in one line naming
+    `source` (followed, it would read another folder's files as this one's)."""
+    plain = isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+    if not plain or not (folder / name).resolve().is_relative_to(folder.resolve()):
+        raise DocembedError(f"{source}: {name!r} is not a name inside {folder}: refused")
+    return folder / name
+
+
 def filesystem_of(path: str):
     """(pyarrow filesystem, path within it) for a local path or a URI."""
     from pyarrow import fs

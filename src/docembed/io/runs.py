@@ -6,6 +6,7 @@ from the JSONL `search` / `rerank` write (`{query_id, results: [{id, score}]}`,
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from docembed.errors import DocembedError
@@ -53,10 +54,7 @@ def read_run(path: str | Path) -> dict[str, dict[str, float]]:
         fields = line.split()
         if len(fields) != 6:
             raise DocembedError(f"{path}:{line_number}: expected `qid Q0 docid rank score tag`")
-        try:
-            run.setdefault(fields[0], {})[fields[2]] = float(fields[4])
-        except ValueError:
-            raise DocembedError(f"{path}:{line_number}: score {fields[4]!r} is not a number") from None
+        run.setdefault(fields[0], {})[fields[2]] = _score(path, line_number, fields[4])
     if not run:
         raise DocembedError(f"{path}: the run holds no results")
     return run
@@ -74,12 +72,24 @@ def _jsonl_row(path: Path, line_number: int, line: str) -> tuple[str, list[tuple
         row = json.loads(line)
         qid = row.get("query_id", row.get("source"))
         hits = row["results"] if "results" in row else row["ranking"]
-        return str(qid), [(str(h["id"]), float(h["score"])) for h in hits]
+        pairs = [(str(h["id"]), h["score"]) for h in hits]
     except (ValueError, KeyError, TypeError, AttributeError):
         raise DocembedError(
             f"{path}:{line_number}: expected a `search` row {{query_id, results: [{{id, score}}]}} or a "
             "`rerank` row {source, ranking: [{id, score}]}"
         ) from None
+    return str(qid), [(doc_id, _score(path, line_number, score)) for doc_id, score in pairs]
+
+
+def _score(path: Path, line_number: int, value) -> float:
+    """A run's score: a finite number (a nan would rank first, an inf above every real score)."""
+    try:
+        score = float(value)
+    except (ValueError, TypeError):
+        raise DocembedError(f"{path}:{line_number}: score {value!r} is not a number") from None
+    if not math.isfinite(score):
+        raise DocembedError(f"{path}:{line_number}: score {value!r} is not a finite number")
+    return score
 
 
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:

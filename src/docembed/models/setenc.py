@@ -57,6 +57,9 @@ class SetEncoderConfig(EncoderConfig):
             raise CorruptModelError(f"setenc attention must be 'softmax' or 'kernel', got {self.attention!r}")
         if self.counts not in ("bag", "set"):
             raise CorruptModelError(f"setenc counts must be 'bag' or 'set', got {self.counts!r}")
+        narrow = [name for name in ("dim", "word_dim", "heads", "hidden") if getattr(self, name) < 1]
+        if narrow:  # a zero-width layer trains and encodes nothing
+            raise CorruptModelError(f"setenc {narrow[0]} must be at least 1, got {getattr(self, narrow[0])}")
         if self.dim % self.heads:
             raise CorruptModelError(f"setenc dim {self.dim} is not a multiple of heads {self.heads}")
         if self.num_hashes < 1 or self.num_hashes > 8 or self.num_buckets < 2:

@@ -67,9 +67,16 @@ def base_record(base: Base) -> dict[str, str]:
 
 def check_base(record: dict[str, str], model: str) -> None:
     """The installed base package must be the one the overlay was made against."""
+    if not isinstance(record, dict):
+        raise CorruptModelError(f"zoo model {model!r}: its config.json's zoo base is not a record")
     base = BASES.get(record.get("name", ""))
     if base is None:
         raise CorruptModelError(f"zoo model {model!r} names an unknown base {record.get('name')!r}")
+    lacking = [
+        key for key in ("package", "version", "file", "sha256") if not isinstance(record.get(key), str)
+    ]
+    if lacking:  # the hash check below needs them all
+        raise CorruptModelError(f"zoo model {model!r}: its config.json's base record has no {lacking[0]!r}")
     installed = base_record(base)
     if installed["sha256"] != record["sha256"]:
         raise CorruptModelError(
@@ -119,6 +126,8 @@ def load(directory: str | Path, device: str = "cpu", name: str | None = None):
         )
     payload = read_config(directory)
     record = payload.get("zoo", {})
+    if not isinstance(record, dict):
+        raise CorruptModelError(f"{directory / 'config.json'}: its 'zoo' entry is not an object")
     check_base(record.get("base", {}), name)
     encoder = rebuild(payload["family"], payload["config"], directory, seed=record.get("seed", 0))
     module = encoder.weights_module

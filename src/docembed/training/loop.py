@@ -139,6 +139,15 @@ class Recipe(ABC):
         """Optional: the number of global batches per epoch, for the progress bar."""
         return None
 
+    def model_settings(self) -> dict | None:
+        """The config of the model trained (kept with each checkpoint: a --resume must train the same model).
+        Found on the recipe's encoder or student, or its own config; None where there is none."""
+        for holder in (getattr(self, "encoder", None), getattr(self, "student", None), self):
+            config = getattr(holder, "config", None)
+            if callable(getattr(config, "to_dict", None)):
+                return json.loads(json.dumps(config.to_dict(), default=str))  # as state.json reads back
+        return None
+
 
 class Validate(Protocol):
     """The validation hook `train(..., validate=)` calls: metrics of the module being trained, on the device
@@ -275,12 +284,31 @@ class Checkpoint:
     """`<output_dir>/checkpoint/`: module weights (safetensors), optimizer state, loop position. Written to
     `checkpoint.tmp/` and swapped in whole: a kill or a full disk at any moment leaves the last one."""
 
-    def __init__(self, output_dir: Path):
+    def __init__(self, output_dir: Path, settings: dict | None = None):
         self.dir = output_dir / "checkpoint"
+        self.settings = settings  # the model's config, kept in state.json
 
     def exists(self) -> bool:
         _restore_swapped_away(self.dir)
         return (self.dir / "state.json").exists()
+
+    def check_settings(self) -> None:
+        """A --resume with other model settings than the checkpoint's would continue another model's weights
+        (or fail on sizes) and save a config claiming the new settings: refused, naming the first one."""
+        from docembed.errors import UsageError
+
+        try:
+            recorded = json.loads((self.dir / "state.json").read_text()).get("settings")
+        except (OSError, ValueError, AttributeError):
+            return  # Checkpoint.load says what is wrong with it
+        if not isinstance(recorded, dict) or self.settings is None:
+            return  # a checkpoint written before settings were kept
+        for key in sorted(recorded.keys() | self.settings.keys()):
+            if recorded.get(key) != self.settings.get(key):
+                raise UsageError(
+                    f"--resume: {self.dir} was trained with {key}: {recorded.get(key)!r}, this run has "
+                    f"{key}: {self.settings.get(key)!r}; give the checkpoint's settings or train afresh"
+                )
 
     def save(self, module: nn.Module, optimizer, state: dict) -> None:
         from safetensors.torch import save_file
@@ -289,7 +317,8 @@ class Checkpoint:
         tmp.mkdir(parents=True, exist_ok=True)
         save_file(untied_state(module), str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        (tmp / "state.json").write_text(json.dumps(state, indent=2))
+        record = state if self.settings is None else {**state, "settings": self.settings}
+        (tmp / "state.json").write_text(json.dumps(record, indent=2))
         swap_in_folder(tmp, self.dir)
 
     def load(self, module: nn.Module, optimizer, device: str) -> dict:
@@ -318,6 +347,7 @@ class Checkpoint:
             EOFError,
             pickle.UnpicklingError,
             SafetensorError,
+            CorruptModelError,  # load_untied_state: the state of another model size
         ) as error:  # a truncated file, or the state of another model size (RuntimeError: size mismatch)
             raise CorruptModelError(
                 f"cannot resume from {self.dir}: {_first_reason(error)}; "
@@ -409,10 +439,11 @@ def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None)
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
     autocast, scaler = _autocast(device, config.amp)
 
-    checkpoint = Checkpoint(output_dir)
+    checkpoint = Checkpoint(output_dir, recipe.model_settings())
     step, epoch, done_in_epoch = 0, 0, 0
     resumed = config.resume and checkpoint.exists()
     if resumed:
+        checkpoint.check_settings()
         state = checkpoint.load(module, optimizer, device)
         step, epoch, done_in_epoch = state["step"], state["epoch"], state["batches_done_in_epoch"]
         log(f"resumed from {checkpoint.dir}: step {step}, epoch {epoch}, batch {done_in_epoch}")
