@@ -44,7 +44,16 @@ DOCS_PAGE = ROOT / "docs" / "results.md"
 # What `make bench` runs (the leaderboard, speed, long documents by length bucket, speed and memory by
 # length, NUGGET against the rules that keep as many vectors and its storage choices); the other family
 # benches (nugget, student, setenc, int8, fusion, ...) run with --only.
-DEFAULT_MODULES = ("quality", "speed", "long", "length", "nugget_curve", "nugget_storage", "int8")
+DEFAULT_MODULES = (
+    "quality",
+    "speed",
+    "long",
+    "long_retrieval",
+    "length",
+    "nugget_curve",
+    "nugget_storage",
+    "int8",
+)
 
 # Published reference numbers (../shared/data/README.md), shown beside ours on the results page.
 REFERENCES: dict[str, list[tuple[str, float]]] = {
@@ -469,6 +478,44 @@ def render_speed(speed: dict) -> list[str]:
     return lines
 
 
+def render_long_retrieval(result: dict) -> list[str]:
+    """Long-document retrieval (bench_long_retrieval): test MRR per task for the lexical rules, the models
+    read whole, passage scoring and the fusions, with the paired difference from the task's best lexical
+    rule; configurations and fusion weights were chosen on val."""
+    models = result.get("models", {})
+    if not models:
+        return []
+    tasks = [key.removesuffix("/test") for key in next(iter(models.values())) if key.endswith("/test")]
+    tasks = [t for t in tasks if t != "mean"]
+    rows = []
+    for label, row in models.items():
+        cells = []
+        for task in tasks:
+            cell = row.get(f"{task}/test", {})
+            versus = next((v for k, v in cell.items() if k.startswith("vs_best_lexical")), None)
+            text = format_number(cell.get("mrr"))
+            cells.append(text if versus is None else f"{text} ({versus['diff']:+.1f} ± {versus['se']:.1f})")
+        rows.append(
+            [f"`{label}`", *cells, format_number(row.get("mean/val")), format_number(row.get("mean/test"))]
+        )
+    data = result.get("data", {})
+    sizes = "; ".join(
+        f"{task} {by_split['val']['queries']} / {by_split['test']['queries']}"
+        for task, by_split in data.items()
+    )
+    return [
+        "## Long-document retrieval",
+        "",
+        "Find the document a query is about (`bench/bench_long_retrieval.py`): MRR x100 on the test split, "
+        "every document of the split a candidate; in brackets the paired difference from the task's better "
+        "lexical rule (tf-idf or BM25) with its standard error. Fusion weights were chosen once on all val "
+        f"tasks together. Queries val / test: {sizes}.",
+        "",
+        *markdown_table(["configuration", *tasks, "mean val", "mean test"], rows),
+        "",
+    ]
+
+
 def render_generic(name: str, entry) -> list[str]:
     # Family benches keep their own tables in their JSON; the page only points at them, folded.
     text = json.dumps(entry, indent=2, default=str)
@@ -498,6 +545,8 @@ def _machine(machine: dict | None) -> str:
 def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELOG) -> str:
     """The results page from a summary file alone (plus the hand-kept changelog)."""
     merged = json.loads(results_path.read_text())
+    older = _earlier_entries(results_path, set(merged.get("benchmarks", {})))
+    merged["benchmarks"] = {**merged.get("benchmarks", {}), **older}
     try:
         shown = results_path.relative_to(ROOT)
     except ValueError:
@@ -519,6 +568,8 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
     for name, entry in ordered:
         result = entry.get("result", {})
         origin = f"imported from {entry['imported_from']}" if entry.get("imported_from") else "run by run.py"
+        if entry.get("results_file"):  # not run again since: its newest run, from an earlier file
+            origin += f", from {entry['results_file']}"
         section = [
             f"<!-- {name}: {entry.get('seconds')} s, finished {entry.get('finished')}, "
             f"full={entry.get('full')}, {origin} -->"
@@ -529,6 +580,8 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
             section += render_quality(result)
         elif name == "speed":
             section += render_speed(result)
+        elif name == "long_retrieval":
+            section += render_long_retrieval(result)
         else:
             family += section + render_generic(name, result)
             continue
@@ -538,6 +591,20 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
     if family:
         lines += ["## Family benches", "", "Each family bench's own results file, folded.", "", *family]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _earlier_entries(results_path: pathlib.Path, present: set[str]) -> dict:
+    """Benchmarks a results file does not hold, each from the newest earlier dated file beside it that does
+    (a run of a few modules keeps the page whole), marked with that file's name."""
+    found = {}
+    dated = sorted(
+        p for p in results_path.parent.glob("*.json") if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem)
+    )
+    for path in reversed([p for p in dated if p.stem < results_path.stem]):
+        for name, entry in json.loads(path.read_text()).get("benchmarks", {}).items():
+            if name not in present and name not in found:
+                found[name] = {**entry, "results_file": path.name}
+    return found
 
 
 def latest_results(results_dir: pathlib.Path = RESULTS_DIR) -> pathlib.Path:

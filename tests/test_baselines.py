@@ -150,3 +150,58 @@ def test_cli_fit_then_encode(tmp_path):
     assert np.load(out).shape == (4, 2)
     meta = json.loads((tmp_path / "emb.meta.json").read_text())
     assert meta["family"] == "tfidf"
+
+
+def test_bm25_english_analyzer_stems_and_drops_stopwords():
+    from docembed.text import analyze
+
+    assert analyze("The rocket launches; they launched it", "english") == ["rocket", "launch", "launch"]
+    docs = ["rocket launches from the pad", "the weather report for the week"]
+    plain = BM25Scorer(BM25Config()).fit(docs)
+    english = BM25Scorer(BM25Config(analyzer="english")).fit(docs)
+    assert plain.score("launch", docs).tolist() == [0.0, 0.0]  # no analyzer: "launch" is not "launches"
+    scores = english.score("launch", docs)
+    assert scores[0] > 0 and scores[1] == 0.0
+    assert english.score("the", docs).tolist() == [0.0, 0.0]  # a stopword is no term
+
+
+def test_bm25_settings_round_trip_and_bad_values_fail(tmp_path):
+    scorer = BM25Scorer(BM25Config(analyzer="english", k1=0.9, b=0.4)).fit(CORPUS)
+    scorer.save(tmp_path / "bm25")
+    loaded = load_model(str(tmp_path / "bm25"))
+    assert (loaded.config.analyzer, loaded.config.k1, loaded.config.b) == ("english", 0.9, 0.4)
+    np.testing.assert_allclose(loaded.score("cats", CORPUS), scorer.score("cats", CORPUS), rtol=1e-6)
+    assert loaded.score("cats", CORPUS)[0] > 0  # "cat" and "cats" share a stem
+    with pytest.raises(UsageError, match="analyzer"):
+        BM25Config(analyzer="klingon")
+    with pytest.raises(UsageError, match="b="):
+        BM25Config(b=1.5)
+
+
+def test_settings_added_later_keep_older_config_hashes():
+    """A setting added to a family after its outputs were in use changes no existing identity at its
+    default (so --reuse, caches and indexes still match), and does once it is set."""
+    import hashlib
+
+    default = BM25Config()
+    values = {k: v for k, v in default.to_dict().items() if k != "analyzer"}
+    before = hashlib.sha256(json.dumps(values, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    assert default.hash() == before
+    assert BM25Config(analyzer="english").hash() != before
+
+
+def test_cli_fit_bm25_with_analyzer_and_refusals(tmp_path, capfd):
+    from cli_helpers import invoke
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("rocket launches from the pad\nthe weather report\n", encoding="utf-8")
+    out = tmp_path / "m"
+    fitted = invoke(capfd, "-q", "fit", "bm25", corpus, "-o", out, "--analyzer", "english", "--k1", "1.5")
+    assert fitted.code == 0, fitted.err
+    config = json.loads((out / "config.json").read_text())["config"]
+    assert (config["analyzer"], config["k1"], config["b"]) == ("english", 1.5, 0.75)
+    wrong = invoke(capfd, "-q", "fit", "tfidf", corpus, "-o", tmp_path / "t", "--k1", "1")
+    assert wrong.code != 0 and "--k1 applies to bm25 only" in wrong.err
+    unknown = invoke(capfd, "-q", "fit", "bm25", corpus, "-o", tmp_path / "u", "--analyzer", "klingon")
+    assert unknown.code != 0 and "analyzer" in unknown.err
+    assert not (tmp_path / "u").exists()

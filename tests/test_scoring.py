@@ -49,3 +49,52 @@ def test_dense_scores_are_cosines_and_rank_is_stable():
     np.testing.assert_allclose(score_pairs(a, b), [1.0, -1.0], atol=1e-6)
     np.testing.assert_allclose(score_one_to_many(a[:1], b), [1.0, -np.sqrt(0.5)], atol=1e-6)
     assert rank(np.array([0.2, 0.9, 0.2])).tolist() == [1, 0, 2]
+
+
+def naive_smooth_maxsim(q, d, temperature):
+    """mean over query vectors of t * log(mean_j exp(cos(q_i, d_j) / t)), computed directly."""
+    qn = q / np.linalg.norm(q, axis=1, keepdims=True)
+    dn = d / np.linalg.norm(d, axis=1, keepdims=True)
+    sims = qn.astype(np.float64) @ dn.T.astype(np.float64)
+    return float(np.mean(temperature * np.log(np.mean(np.exp(sims / temperature), axis=1))))
+
+
+def test_passage_temperature_is_log_mean_exp_in_every_scoring_path():
+    rng = np.random.default_rng(3)
+    queries = random_multi(rng, [2, 1, 3, 2, 1])
+    docs = random_multi(rng, [4, 1, 9, 0, 70])  # the last pair is past LARGE_PAIR: the per-pair GEMM path
+    for temperature in (0.02, 0.3):
+        pairs = maxsim_pairs(queries, docs, batch_size=2, temperature=temperature)
+        for i in (0, 1, 2, 4):
+            expected = naive_smooth_maxsim(queries[i], docs[i], temperature)
+            assert abs(pairs[i] - expected) < 1e-4
+            one = maxsim_one_to_many(queries[i], docs, temperature)[i]
+            assert abs(one - expected) < 1e-4
+        assert pairs[3] == -1.0 and maxsim_one_to_many(queries[0], docs, temperature)[3] == -1.0
+
+
+def test_passage_temperature_moves_from_the_best_passage_to_the_mean():
+    rng = np.random.default_rng(4)
+    query = rng.standard_normal((1, 8)).astype(np.float32)
+    docs = random_multi(rng, [6, 3])
+    sims = [(query / np.linalg.norm(query)) @ (d / np.linalg.norm(d, axis=1, keepdims=True)).T for d in docs]
+    best = maxsim_one_to_many(query, docs, 0.0)
+    np.testing.assert_allclose(best, [s.max() for s in sims], rtol=1e-5)
+    np.testing.assert_allclose(maxsim_one_to_many(query, docs, 1e-4), best, atol=1e-4 * np.log(6) + 1e-6)
+    smooth = maxsim_one_to_many(query, docs, 10.0)  # mean + variance / (2 t) for large t (Jensen: >= mean)
+    means = np.array([s.mean() for s in sims])
+    assert np.all(smooth >= means - 1e-6) and np.all(smooth - means < 0.01)
+    # smoothing never raises a score above the best passage, and a one-passage document keeps its cosine
+    assert np.all(maxsim_one_to_many(query, docs, 0.1) <= best + 1e-6)
+    one = random_multi(rng, [1])
+    np.testing.assert_allclose(maxsim_one_to_many(query, one, 0.1), maxsim_one_to_many(query, one), rtol=1e-5)
+    np.testing.assert_allclose(
+        score_one_to_many(MultiVectors.from_list([query]), docs, 0.1),
+        maxsim_one_to_many(query, docs, 0.1),
+        rtol=1e-6,
+    )
+    np.testing.assert_allclose(
+        score_pairs(MultiVectors.from_list([query, query]), docs, 0.1),
+        maxsim_one_to_many(query, docs, 0.1),
+        rtol=1e-5,
+    )

@@ -40,6 +40,7 @@ def load(
     max_vectors: int | None = None,
     max_length: int | None = None,
     prompts: dict[str, str] | None = None,
+    passage_temperature: float | None = None,
 ) -> Model:
     """A model by built-in name (`sbert`, `nugget`, `student`, ...: `docembed models` lists them), saved
     directory (docembed's or any sentence-transformers folder), name under the models home, or hub id.
@@ -54,8 +55,11 @@ def load(
     max_vectors: NUGGET's choice of token vectors, the learned "scorer" or a rule ("idf", "prune", "pool",
     "chunk"), and a cap per window (docs/nugget_baselines.md). prompts: text put before a query / document
     by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
-    instructions."""
-    settings = EncodeSettings(ratio, long_documents, backend, precision, selector, max_vectors, max_length)
+    instructions. passage_temperature: how a document's passages pool when it is scored (sbert-windows, the
+    student's late chunks): 0 the best passage, larger values smoother, towards the mean of all of them."""
+    settings = EncodeSettings(
+        ratio, long_documents, backend, precision, selector, max_vectors, max_length, passage_temperature
+    )
     encoder = settings.apply(load_model(str(name_or_dir), device=resolve_device(device)))
     return Model(encoder, prompts=prompts)
 
@@ -186,7 +190,30 @@ class Model:
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
-        return score_matrix(left, right)
+        return score_matrix(left, right, self.encoder.passage_temperature)
+
+    def best_passages(self, query: str, documents: Sequence[str]) -> list[dict]:
+        """Per document, the passage `query` is about: {"start", "end"} (character offsets into the
+        document), "text" and "score" (the cosine of the query, averaged over its vectors, with that
+        passage); None for an empty document. For models whose vectors are passages (sbert-windows, the
+        student with long_documents="late-chunks"), the part `similarity` scores a document by."""
+        from docembed.scoring import best_passages
+        from docembed.types import l2_normalize
+
+        documents = list(documents)
+        spans = self.encoder.passage_spans(documents)  # refuses a model without passages, before encoding
+        vectors = self.encode([query, *documents])
+        docs = vectors.select(range(1, len(documents) + 1))
+        query_vectors = l2_normalize(vectors[0])
+        found = []
+        for i, j in enumerate(best_passages(vectors[0], docs)):
+            if j < 0:
+                found.append(None)
+                continue
+            start, end = (int(x) for x in spans[i][j])
+            score = float((query_vectors @ l2_normalize(docs[i][j : j + 1]).T).mean())
+            found.append({"start": start, "end": end, "text": documents[i][start:end], "score": score})
+        return found
 
     def _scorer_similarity(self, a, b) -> np.ndarray:
         queries, candidates = ([a] if isinstance(a, str) else a), ([b] if isinstance(b, str) else b)

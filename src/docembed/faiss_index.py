@@ -42,8 +42,13 @@ def is_index_dir(directory: Path) -> bool:
     return (directory / ("index.faiss" if metadata["index_kind"] != "bm25" else "bm25_weights.npz")).is_file()
 
 
+def _index_file(name: str) -> bool:
+    """Whether `name` is one an index folder holds (what `save`, `append_saved` and older versions write)."""
+    return name in _INDEX_FILES
+
+
 #: what `index build -o DIR` may replace (io/outputs.py's rule for directory outputs)
-INDEX_DIRECTORY = DirectoryKind("docembed index", "index.faiss and meta.json", is_index_dir)
+INDEX_DIRECTORY = DirectoryKind("docembed index", "index.faiss and meta.json", is_index_dir, _index_file)
 
 
 def _faiss():
@@ -116,6 +121,11 @@ class VectorIndex:
         if multi is not None:
             self._doc_of_vector = np.repeat(np.arange(len(multi)), multi.counts)
 
+    @property
+    def passage_temperature(self) -> float:
+        """How a document's vectors pool when scored, as its model pools them (recorded by encode)."""
+        return float(self.metadata.get("passage_temperature", 0.0))
+
     @classmethod
     def build(cls, embeddings: EmbeddingSet, kind: str = "flat", storage: str = "float32") -> VectorIndex:
         """`storage` (float32 | float16 | int8, io.embeddings.STORAGES): how faiss holds the vectors (its
@@ -166,7 +176,7 @@ class VectorIndex:
                 results.append([])
                 continue
             candidates = np.unique(self._doc_of_vector[hits[hits >= 0]])
-            scores = maxsim_one_to_many(query, self.multi.select(candidates))
+            scores = maxsim_one_to_many(query, self.multi.select(candidates), self.passage_temperature)
             order = np.argsort(-scores, kind="stable")[:k]
             results.append([(self.ids[candidates[j]], float(scores[j])) for j in order])
         return results
@@ -211,8 +221,7 @@ class VectorIndex:
             raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
         with output_lock(directory, INDEX_DIRECTORY):
             metadata = _read_index_meta(directory / "meta.json")
-            segments = metadata.get("segments", [])
-            appended = [i for name in segments for i in read_ids(directory / SEGMENTS / name)]
+            appended = [i for folder in _segment_folders(directory, metadata) for i in read_ids(folder)]
             ids = read_ids(directory) + appended
             described = "dim" in metadata and metadata.get("kind") in ("dense", "multi")
             if described:
@@ -287,7 +296,9 @@ class VectorIndex:
         if self.multi is not None:
             vectors = l2_normalize(query.vectors.astype(np.float32))
             return (
-                maxsim_one_to_many(vectors, self.multi.select(rows)) if len(vectors) else np.zeros(len(rows))
+                maxsim_one_to_many(vectors, self.multi.select(rows), self.passage_temperature)
+                if len(vectors)
+                else np.zeros(len(rows))
             )
         if len(rows) == 0:
             return np.zeros(0)
@@ -346,8 +357,9 @@ class VectorIndex:
         _check_counts(directory, index, ids, metadata, multi)
         _check_stored_vectors(directory, index, multi)
         loaded = cls(index, ids, metadata, multi)
-        for name in metadata.get("segments", []):  # appended by `append_saved`: faiss adds them now
-            loaded._append(*_read_segment(directory / SEGMENTS / name, multi is not None, index.d))
+        # appended by `append_saved`: faiss adds them now
+        for folder in _segment_folders(directory, metadata):
+            loaded._append(*_read_segment(folder, multi is not None, index.d))
         return loaded
 
     def _check_queries(self, queries: Vectors) -> None:
@@ -403,6 +415,17 @@ def _check_addition(embeddings: EmbeddingSet, ids: list[str], metadata: dict, di
         raise DocembedError(f"the index holds {kind} embeddings; the new ones are not")
     if embeddings.dim != dim:
         raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {dim}-d")
+
+
+def _segment_folders(directory: Path, metadata: dict) -> list[Path]:
+    """The folders of the segments meta.json names, each a plain name inside `added/`: followed, a name like
+    ../../other.index/added/0001 or /etc would add another folder's vectors and ids to this index."""
+    from docembed.io.readers import inside
+
+    names = metadata.get("segments", [])
+    if not isinstance(names, list):
+        raise DocembedError(f"{directory / 'meta.json'}: segments is not a list of names: rebuild the index")
+    return [inside(directory / SEGMENTS, name, directory / "meta.json") for name in names]
 
 
 def _read_segment(folder: Path, multi: bool, dim: int) -> tuple[Vectors, list[str]]:
@@ -538,6 +561,11 @@ def _refuse_non_finite(embeddings: EmbeddingSet) -> None:
 BM25_KIND = "bm25"
 BM25_WEIGHTS = "bm25_weights.npz"
 BM25_TERMS = "bm25_terms.json"
+# Every name an index folder may hold: a rebuild keeps no other file, so a folder with one is refused.
+_INDEX_FILES = frozenset(
+    ("index.faiss", "meta.json", "offsets.npy", "vectors.npy", IDS_NAME, OLD_IDS_NAME, SEGMENTS)
+    + (BM25_WEIGHTS, BM25_TERMS)
+)
 
 
 def is_bm25_dir(directory: str | Path) -> bool:
@@ -562,17 +590,23 @@ class BM25Index:
 
     @classmethod
     def build(
-        cls, documents: Iterable, k1: float = 1.2, b: float = 0.75, lowercase: bool = True
+        cls,
+        documents: Iterable,
+        k1: float = 1.2,
+        b: float = 0.75,
+        lowercase: bool = True,
+        analyzer: str = "plain",
     ) -> BM25Index:
         """From (id, text) documents (anything with .id and .text), streamed once."""
         from scipy import sparse
 
-        from docembed.models.baselines import bm25_idf, bm25_weight, tokenize
+        from docembed.models.baselines import bm25_idf, bm25_weight
+        from docembed.text import analyze
 
         column: dict[str, int] = {}
         ids, rows, cols, counts, lengths = [], [], [], [], []
         for document in documents:
-            tokens = tokenize(document.text, lowercase)
+            tokens = analyze(document.text, analyzer, lowercase)
             tf = Counter(tokens)
             rows.extend([len(ids)] * len(tf))
             cols.extend(column.setdefault(term, len(column)) for term in tf)
@@ -590,7 +624,7 @@ class BM25Index:
         metadata = {
             "index_kind": BM25_KIND,
             "model": BM25_KIND,
-            "config": {"k1": k1, "b": b, "lowercase": lowercase},
+            "config": {"k1": k1, "b": b, "lowercase": lowercase, "analyzer": analyzer},
             "count": n,
             "terms": len(column),
         }
@@ -614,10 +648,11 @@ class BM25Index:
 
     def _columns(self, query: str) -> list[int]:
         """The columns of the query's terms that the corpus has (each term once, as BM25 sums them)."""
-        from docembed.models.baselines import tokenize
+        from docembed.text import analyze
 
-        lowercase = self.metadata.get("config", {}).get("lowercase", True)
-        return sorted({self._column[t] for t in tokenize(query, lowercase) if t in self._column})
+        config = self.metadata.get("config", {})  # indexes from before analyzers were plain
+        terms = analyze(query, config.get("analyzer", "plain"), config.get("lowercase", True))
+        return sorted({self._column[t] for t in terms if t in self._column})
 
     def scores_of(self, query: str, doc_ids: Sequence[str]) -> np.ndarray:
         """The BM25 score of `query` for each of `doc_ids` (0 where they share no term)."""

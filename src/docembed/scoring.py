@@ -3,7 +3,9 @@ indexes for search.
 
 mean-MaxSim (NUGGET eq. 10; ColBERT's MaxSim averaged instead of summed): for query vectors q_1..q_m and
 document vectors d_1..d_k, score = (1/m) * sum_i max_j cos(q_i, d_j). It is asymmetric; `similarity`
-reports it with the first text as the query.
+reports it with the first text as the query. When a document's vectors are its passages (sbert-windows,
+the student's late chunks), each max can be smoothed (`temperature` > 0, log-mean-exp over the passages):
+between the best passage (0) and the mean over the whole (large), chosen on validation.
 """
 
 from __future__ import annotations
@@ -22,9 +24,13 @@ def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return l2_normalize(a) @ l2_normalize(b).T
 
 
-def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
+def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors, temperature: float = 0.0) -> np.ndarray:
     """mean-MaxSim of one query (m, d) against every document of `docs`, in one matrix product.
-    A document with no vectors scores -1 (the lowest cosine), an empty query 0."""
+    A document with no vectors scores -1 (the lowest cosine), an empty query 0.
+
+    `temperature` > 0 replaces each max by its smooth form over the document's vectors (passages), the
+    log-mean-exp `t * log(mean_j exp(s_j / t))`: 0 is the best passage (MaxP), large values tend to the mean
+    of the passages' cosines, so one number moves from "the part the query is about" to "the whole"."""
     if len(query) == 0 or len(docs) == 0:
         return np.zeros(len(docs), dtype=np.float32)
     sims = l2_normalize(query) @ l2_normalize(docs.vectors).T  # (m, total)
@@ -33,9 +39,36 @@ def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
     if sims.shape[1] == 0:
         return np.full(len(docs), -1.0, dtype=np.float32)
     best = np.maximum.reduceat(sims, starts, axis=1)  # (m, n): max over each document's vectors
+    if temperature > 0:
+        best = best + smooth_max_excess(sims, best, counts, temperature)
     scores = best.mean(axis=0)
     scores[counts == 0] = -1.0
     return scores.astype(np.float32)
+
+
+def best_passages(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
+    """Per document, which of its vectors (passages) the query (m, d) matches best: the one with the
+    highest cosine averaged over the query's vectors, as an index within the document; -1 for a document
+    with no vectors."""
+    out = np.full(len(docs), -1, dtype=np.int64)
+    if len(query) == 0 or len(docs.vectors) == 0:
+        return out
+    sims = (l2_normalize(query) @ l2_normalize(docs.vectors).T).mean(axis=0)
+    for i, (start, stop) in enumerate(zip(docs.offsets[:-1], docs.offsets[1:], strict=True)):
+        if stop > start:
+            out[i] = int(np.argmax(sims[start:stop]))
+    return out
+
+
+def smooth_max_excess(sims: np.ndarray, best: np.ndarray, counts: np.ndarray, temperature: float):
+    """log-mean-exp minus max of each document's columns of `sims` (m, total), per query row: (m, n), <= 0.
+    Computed from the max (so exp never overflows); a document with no vectors gets 0."""
+    owner = np.repeat(np.arange(len(counts)), counts)
+    shifted = np.exp((sims - best[:, owner]) / temperature)  # in (0, 1]
+    starts = np.minimum(np.concatenate([[0], np.cumsum(counts)[:-1]]), max(sims.shape[1] - 1, 0))
+    sums = np.add.reduceat(shifted, starts, axis=1)
+    means = np.where(counts > 0, sums / np.maximum(counts, 1), 1.0)
+    return temperature * np.log(np.maximum(means, np.finfo(np.float64).tiny))
 
 
 #: Above this many query x document vector products per pair, one BLAS GEMM per pair is already efficient
@@ -44,8 +77,10 @@ def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
 LARGE_PAIR = 64 * 64
 
 
-def maxsim_pairs(queries: MultiVectors, docs: MultiVectors, batch_size: int = 32) -> np.ndarray:
-    """mean-MaxSim of queries[i] against docs[i] for every i.
+def maxsim_pairs(
+    queries: MultiVectors, docs: MultiVectors, batch_size: int = 32, temperature: float = 0.0
+) -> np.ndarray:
+    """mean-MaxSim of queries[i] against docs[i] for every i (`temperature`: see maxsim_one_to_many).
 
     Pairs are sorted by size and cut into batches of similar shapes (little padding). A batch of small
     sets is one gather into padded arrays and one stacked matrix product; a batch of large sets is
@@ -59,26 +94,35 @@ def maxsim_pairs(queries: MultiVectors, docs: MultiVectors, batch_size: int = 32
     for batch in _similar_size_batches(q_counts, d_counts, batch_size):
         if int(q_counts[batch].max()) * int(d_counts[batch].max()) >= LARGE_PAIR:
             for i in batch:
-                scores[i] = _mean_maxsim(q_flat, queries.offsets, d_flat, docs.offsets, i)
+                scores[i] = _mean_maxsim(q_flat, queries.offsets, d_flat, docs.offsets, i, temperature)
             continue
         q_pad, q_mask = _gather_padded(q_flat, queries.offsets[batch], q_counts[batch])
         d_pad, d_mask = _gather_padded(d_flat, docs.offsets[batch], d_counts[batch])
         sims = np.matmul(q_pad, d_pad.transpose(0, 2, 1))  # (b, mq, md)
         sims[np.broadcast_to(~d_mask[:, None, :], sims.shape)] = -2.0  # padding never wins
         best = np.maximum(sims.max(axis=2), -1.0)  # (b, mq); a document without vectors gives -1
+        if temperature > 0:  # padding (-2) adds exp(<= -1 / t) per slot: removed by counting real slots
+            shifted = np.exp((sims - best[:, :, None]) / temperature) * d_mask[:, None, :]
+            means = shifted.sum(axis=2) / np.maximum(d_mask.sum(axis=1), 1)[:, None]
+            smooth = best + temperature * np.log(np.maximum(means, np.finfo(np.float32).tiny))
+            best = np.where(d_mask.any(axis=1)[:, None], smooth, best)
         n_q = q_mask.sum(axis=1)
         scores[batch] = np.where(n_q > 0, (best * q_mask).sum(axis=1) / np.maximum(n_q, 1), 0.0)
     return scores
 
 
-def _mean_maxsim(q_flat, q_offsets, d_flat, d_offsets, i: int) -> float:
+def _mean_maxsim(q_flat, q_offsets, d_flat, d_offsets, i: int, temperature: float = 0.0) -> float:
     q = q_flat[q_offsets[i] : q_offsets[i + 1]]
     d = d_flat[d_offsets[i] : d_offsets[i + 1]]
     if len(q) == 0:
         return 0.0
     if len(d) == 0:
         return -1.0
-    return float((q @ d.T).max(axis=1).mean())
+    sims = q @ d.T
+    best = sims.max(axis=1)
+    if temperature > 0:
+        best = best + smooth_max_excess(sims, best[:, None], np.array([len(d)]), temperature)[:, 0]
+    return float(best.mean())
 
 
 def _similar_size_batches(q_counts: np.ndarray, d_counts: np.ndarray, batch_size: int, group: int = 8):
@@ -105,23 +149,24 @@ def _gather_padded(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray):
     return padded, mask
 
 
-def score_pairs(left: Vectors, right: Vectors) -> np.ndarray:
-    """Similarity of left[i] and right[i]: cosine (dense) or mean-MaxSim with left as query (multi)."""
+def score_pairs(left: Vectors, right: Vectors, temperature: float = 0.0) -> np.ndarray:
+    """Similarity of left[i] and right[i]: cosine (dense) or mean-MaxSim with left as query (multi; its max
+    smoothed at `temperature` > 0, see maxsim_one_to_many)."""
     if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
         raise ValueError("cannot compare dense with multi-vector embeddings")
     if isinstance(left, MultiVectors):
-        return maxsim_pairs(left, right)
+        return maxsim_pairs(left, right, temperature=temperature)
     return cosine_pairs(left, right).astype(np.float32)
 
 
-def score_one_to_many(query: Vectors, candidates: Vectors) -> np.ndarray:
+def score_one_to_many(query: Vectors, candidates: Vectors, temperature: float = 0.0) -> np.ndarray:
     """Scores of one query (a 1-row array or a 1-document MultiVectors) against all candidates."""
     if isinstance(query, MultiVectors):
-        return maxsim_one_to_many(query[0], candidates)
+        return maxsim_one_to_many(query[0], candidates, temperature)
     return (cosine_matrix(np.asarray(query).reshape(1, -1), candidates)[0]).astype(np.float32)
 
 
-def score_matrix(queries: Vectors, candidates: Vectors) -> np.ndarray:
+def score_matrix(queries: Vectors, candidates: Vectors, temperature: float = 0.0) -> np.ndarray:
     """Scores of every query against every candidate, (len(queries), len(candidates)) float32: cosine
     (dense) or mean-MaxSim with the queries as queries (multi-vector, one query at a time)."""
     if isinstance(queries, MultiVectors) != isinstance(candidates, MultiVectors):
@@ -130,7 +175,7 @@ def score_matrix(queries: Vectors, candidates: Vectors) -> np.ndarray:
         return cosine_matrix(np.asarray(queries), np.asarray(candidates)).astype(np.float32)
     scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
     for row in range(len(queries)):
-        scores[row] = maxsim_one_to_many(queries[row], candidates)
+        scores[row] = maxsim_one_to_many(queries[row], candidates, temperature)
     return scores
 
 

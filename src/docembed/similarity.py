@@ -14,7 +14,7 @@ from docembed.encoding import capped
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
-from docembed.scoring import rank, score_one_to_many, score_pairs
+from docembed.scoring import best_passages, rank, score_one_to_many, score_pairs
 from docembed.types import MultiVectors, Vectors
 
 
@@ -25,7 +25,8 @@ def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str],
         return model.pair_scores(left, right, embed=lambda m, texts: _encode(m, texts, batch_size))
     if getattr(model, "scorer_only", False):
         return np.array([model.score(a, [b])[0] for a, b in zip(left, right, strict=True)], dtype=np.float32)
-    return score_pairs(_encode(model, left, batch_size), _encode(model, right, batch_size))
+    left_vectors, right_vectors = _encode(model, left, batch_size), _encode(model, right, batch_size)
+    return score_pairs(left_vectors, right_vectors, getattr(model, "passage_temperature", 0.0))
 
 
 def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: str, docs=None):
@@ -45,10 +46,11 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
     model.fit(texts)
     what = f"{len(texts)} candidate documents of {source}"
     if hasattr(model, "lexical"):
+        chosen = model.config.chosen_on
+        how = f"chosen on {chosen}" if chosen else "the default, not chosen on validation data"
         log(
             f"{model.name}: {model.lexical.name} fitted on the {what}; fusion weight {model.config.weight} "
-            f"({model.config.normalization}), the default, not chosen on validation data (`docembed fit "
-            "fusion` fits and chooses one)"
+            f"({model.config.normalization}), {how} (`docembed fit fusion` chooses one on your own queries)"
         )
     else:
         log(f"{model.name} fitted on the {what}")
@@ -73,10 +75,13 @@ def rerank_rows(
     docs: dict[str, str] | None = None,
     batch_size: int = 32,
     chunk_size: int = 256,
+    passages: bool = False,
 ) -> Iterator[dict]:
     """Rerank each task row, best first. A row is {"source": id, "candidates": [ids]} (texts from `docs`)
     or {"query": text, "candidates": [texts]}. `rows` yields (line_number, record). Rows are processed in
-    chunks: all texts of a chunk are encoded together, each distinct document once."""
+    chunks: all texts of a chunk are encoded together, each distinct document once. `passages`: each
+    candidate also gets "passage": [start, end], the character offsets of the passage the query matches
+    best (a model whose vectors are passages: Encoder.passage_spans)."""
     for chunk in batched(rows, chunk_size):
         unique = _UniqueTexts()
         plans = []
@@ -90,18 +95,19 @@ def rerank_rows(
         scorer = getattr(model, "scorer_only", False)
         vectors = None if scorer else _encode(model, unique.texts, batch_size)
         score = _scorer(model, unique.texts, batch_size) if scorer else None
+        spans = model.passage_spans(unique.texts) if passages else None
         for query_key, candidate_keys, by_id, q, c in plans:
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
             else:
-                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c))
+                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), model.passage_temperature)
             key = "id" if by_id else "text"
-            yield {
-                ("source" if by_id else "query"): query_key,
-                "ranking": [
-                    {key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in rank(scores)
-                ],
-            }
+            ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in rank(scores)]
+            if spans is not None:
+                best = best_passages(_take(vectors, q)[0], _gather(vectors, c))
+                for entry, i in zip(ranking, rank(scores), strict=True):
+                    entry["passage"] = spans[c[i]][best[i]].tolist() if best[i] >= 0 else None
+            yield {("source" if by_id else "query"): query_key, "ranking": ranking}
 
 
 def _scorer(model, texts: list[str], batch_size: int):

@@ -52,6 +52,30 @@ def tokenize(text: str, lowercase: bool = True, scheme: str = "ptb-v1") -> list[
     return pattern.findall(text)
 
 
+#: The lexical rules' analyzers (bm25's `analyzer` setting): "plain" is the simple-v1 word split, lower-cased;
+#: "english" keeps runs of word characters, drops scikit-learn's English stopwords and reduces each word to
+#: its Snowball (Porter 2) stem with PyStemmer, so "launch", "launches" and "launched" are one term.
+ANALYZERS = ("plain", "english")
+_STEMMERS: dict[str, object] = {}
+
+
+def analyze(text: str, analyzer: str = "plain", lowercase: bool = True) -> list[str]:
+    """The terms a lexical rule indexes for `text` under `analyzer` (see ANALYZERS)."""
+    if analyzer == "plain":
+        return tokenize(text, lowercase, "simple-v1")
+    if analyzer != "english":
+        raise CorruptModelError(f"unknown analyzer {analyzer!r} (this version has {', '.join(ANALYZERS)})")
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    stemmer = _STEMMERS.get("english")
+    if stemmer is None:
+        import Stemmer  # PyStemmer: the Snowball stemmers, in C
+
+        stemmer = _STEMMERS["english"] = Stemmer.Stemmer("english")
+    words = [w for w in _PATTERNS["lower-words-v1"].findall(text.lower()) if w not in ENGLISH_STOP_WORDS]
+    return stemmer.stemWords(words)
+
+
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text` in order, via Punkt. A blank line always ends a sentence (paragraphs; IMDB's
     <br /><br />); a single line break does not (hard-wrapped text such as e-mail)."""

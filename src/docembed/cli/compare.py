@@ -62,6 +62,22 @@ def similarity(
                 handle.write(json.dumps({**row, "score": round(float(score), 6)}, ensure_ascii=False) + "\n")
 
 
+def _read_docs(docs: str, id_field: str, text_field: str) -> dict[str, str]:
+    """id -> text of --docs; a repeated id keeps its last text, with a warning as `encode` gives."""
+    from docembed.runtime import log
+
+    texts: dict[str, str] = {}
+    duplicates, first = 0, None
+    for doc in common.reader(docs, None, id_field, text_field, False):
+        if doc.id in texts:
+            duplicates += 1
+            first = first if first is not None else doc.id
+        texts[doc.id] = doc.text
+    if duplicates:
+        log(f"warning: {duplicates} duplicate id(s) in {docs} (first: {first!r}): each keeps its last text")
+    return texts
+
+
 def rerank(
     tasks: str = typer.Argument(
         ..., help="JSONL rows {source, candidates: [ids]} or {query, candidates: [texts]}; - for stdin."
@@ -80,6 +96,12 @@ def rerank(
         "jsonl", "--output-format", help="jsonl | trec (TREC run lines: source Q0 id rank score tag)."
     ),
     run_tag: str = typer.Option("docembed", "--run-tag", help="The tag column of TREC run lines."),
+    passages: bool = typer.Option(
+        False,
+        "--passages",
+        help="Add to each candidate the passage the query matches best, as character offsets [start, end] "
+        "(models whose vectors are passages: sbert-windows, the student with --long late-chunks).",
+    ),
 ) -> None:
     """Rerank candidates per row, best first, with their scores (cosine or mean-MaxSim).
 
@@ -91,22 +113,27 @@ def rerank(
 
     from docembed.errors import UsageError
     from docembed.io.embeddings import check_output_path
-    from docembed.io.outputs import atomic_path
+    from docembed.io.outputs import atomic_path, check_not_inside
     from docembed.io.readers import iter_jsonl_lines
     from docembed.io.runs import check_output_format, trec_lines
     from docembed.runtime import log
     from docembed.similarity import fit_on_candidates, rerank_rows
 
     check_output_format(output_format)
+    if passages and output_format == "trec":
+        raise UsageError("--passages adds offsets to JSONL rows; a TREC run has no place for them")
     inputs = [tasks, docs] if docs else [tasks]
     check_output_path(output, overwrite, inputs)
-    doc_texts = None
-    if docs:
-        reader = common.reader(docs, None, id_field, text_field, False)
-        doc_texts = {doc.id: doc.text for doc in reader}
+    check_not_inside(output, [model])  # a model folder's own files
+    doc_texts = _read_docs(docs, id_field, text_field) if docs else None
     encoder = common.load(model)
+    if passages and not (encoder.supports("passages") and encoder.multi_vector):
+        raise UsageError(
+            f"--passages needs a model whose vectors are passages (sbert-windows, a student saved with "
+            f"long_documents late-chunks), not {encoder.name!r}"
+        )
     rows = fit_on_candidates(encoder, iter_jsonl_lines(tasks), tasks, doc_texts)  # bm25(+MODEL) unfitted
-    ranked = rerank_rows(encoder, rows, tasks, doc_texts, batch_size)
+    ranked = rerank_rows(encoder, rows, tasks, doc_texts, batch_size, passages=passages)
 
     def write(handle) -> int:
         n = 0

@@ -66,6 +66,14 @@ def encode(
         help="student: tokens one pass reads (default 2,048; more, e.g. 8192, tiles its positions as it was "
         "built; the sliding window keeps time and memory linear).",
     ),
+    passage_temperature: float = typer.Option(
+        None,
+        "--passage-temperature",
+        min=0.0,
+        max=10.0,
+        help="sbert-windows, student --long late-chunks: how a document's passages pool when it is scored "
+        "(0: the best passage; larger: smoother, towards their mean); recorded for search and indexes.",
+    ),
     backend: str = typer.Option(
         None,
         "--backend",
@@ -143,10 +151,11 @@ def encode(
                 "--workers/--threads are for the local engine; with --engine ray use --num-workers and "
                 "--cpus-per-worker"
             )
-        if backend or precision or selector or max_vectors or max_length or storage != "float32":
+        local_only = (backend, precision, selector, max_vectors, max_length, passage_temperature)
+        if any(v is not None for v in local_only) or storage != "float32":
             raise UsageError(
-                "--backend/--precision/--selector/--max-vectors/--max-length/--storage are for the local "
-                "engine"
+                "--backend/--precision/--selector/--max-vectors/--max-length/--passage-temperature/--storage "
+                "are for the local engine"
             )
         if output_format not in (None, "parquet"):
             raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
@@ -177,10 +186,12 @@ def encode(
 
     from docembed.encoding import HashedDocuments, coverage_of, encode_documents, reuse_metadata
     from docembed.io.embeddings import check_output_path, check_storage, save_embeddings
+    from docembed.io.outputs import check_not_inside
     from docembed.models.base import EncodeSettings
     from docembed.runtime import log
 
     check_output_path(output, overwrite, inputs=[input])
+    check_not_inside(output, [model, reuse])  # a model folder's or a --reuse shard folder's own files
     check_storage(output, output_format, storage)
     if reuse and (fit or workers is not None):
         raise UsageError("--reuse goes without --fit (a refitted model is another model) and --workers")
@@ -189,7 +200,9 @@ def encode(
     documents = common.reader(input, format, id_field, text_field, skip_invalid, shard)
     if workers is not None or threads is not None:  # before the model: a runner takes torch's threads then
         _set_torch_threads(threads or 1)
-    settings = EncodeSettings(ratio, long, backend, precision, selector, max_vectors, max_length)
+    settings = EncodeSettings(
+        ratio, long, backend, precision, selector, max_vectors, max_length, passage_temperature
+    )
     encoder = settings.apply(common.load(model))
     in_processes = workers is not None and not encoder.supports("workers")
     if workers is not None and not in_processes:
@@ -197,8 +210,10 @@ def encode(
     total = len(documents) if input != "-" and _progress_wanted() else None
     coverage = coverage_of(encoder)
     hashed = None if reuse else HashedDocuments(documents)  # each text's hash, for a later --reuse
+    # a shard may hold no rows (--shard 7/10 of 3 lines): an empty part that `merge` joins
+    empty_ok = (documents.shard_provenance() or {}).get("rows", 0) > 0  # rows of the whole input
     if reuse:
-        embeddings = _encode_reusing(encoder, documents, reuse, batch_size, total, coverage)
+        embeddings = _encode_reusing(encoder, documents, reuse, batch_size, total, coverage, storage)
     elif in_processes:
         from docembed.parallel import WorkerModel, encode_documents_in_processes
         from docembed.runtime import resolve_device
@@ -206,10 +221,12 @@ def encode(
 
         spec = WorkerModel(model, threads or 1, resolve_device(), runtime.seed, settings)
         embeddings = encode_documents_in_processes(
-            spec, encoder, hashed, workers, batch_size=batch_size, total=total, coverage=coverage
+            spec, encoder, hashed, workers, batch_size, total, coverage, allow_empty=empty_ok
         )
     else:
-        embeddings = encode_documents(encoder, hashed, batch_size=batch_size, total=total, coverage=coverage)
+        embeddings = encode_documents(
+            encoder, hashed, batch_size=batch_size, total=total, coverage=coverage, allow_empty=empty_ok
+        )
     if hashed is not None:
         embeddings.metadata.update(reuse_metadata(encoder, hashed.digests))
     if coverage is not None and coverage.documents_cut:
@@ -221,6 +238,7 @@ def encode(
     duplicates = len(embeddings.ids) - len(set(embeddings.ids))
     if duplicates:
         log(f"warning: {duplicates} duplicate id(s) in {documents.name} (`index build` refuses them)")
+    refuse_non_finite(embeddings, encoder.name)
     provenance = documents.shard_provenance()  # --shard i/n: what `docembed merge` orders and checks by
     if provenance is not None:
         embeddings.metadata["shard"] = provenance
@@ -232,18 +250,45 @@ def encode(
     log(f"encoded {len(embeddings)} documents with {encoder.name} ({shape}) -> {where}")
 
 
-def _encode_reusing(encoder, documents, reuse, batch_size, total, coverage):
+def _encode_reusing(encoder, documents, reuse, batch_size, total, coverage, storage):
     """`encode --reuse OLD`: the embeddings of unchanged documents come from OLD, the rest are encoded."""
     from docembed.encoding import encode_documents_reusing
-    from docembed.io.embeddings import load_embeddings
+    from docembed.errors import UsageError
+    from docembed.io.embeddings import STORAGES, load_embeddings
     from docembed.runtime import log
 
     old = load_embeddings(reuse)
+    kept = old.metadata.get("storage", "float32")
+    # STORAGES runs from the most precise: rows copied from a rounder set would pass for `storage` ones
+    if kept in STORAGES and STORAGES.index(kept) > STORAGES.index(storage):
+        raise UsageError(
+            f"--reuse {reuse} holds {kept} vectors: copied into a {storage} output they would pass for "
+            f"{storage} ones; give --storage {kept}, or encode without --reuse"
+        )
     embeddings, encoded = encode_documents_reusing(
         encoder, documents, old, reuse, batch_size=batch_size, total=total, coverage=coverage
     )
     log(f"--reuse: encoded {encoded} new or changed of {len(embeddings)} documents, the rest from {reuse}")
     return embeddings
+
+
+def refuse_non_finite(embeddings, model: str) -> None:
+    """NaN or infinite vectors (damaged weights, an overflow) score nothing: never written as an output."""
+    import numpy as np
+
+    from docembed.errors import DocembedError
+
+    data = embeddings.data.vectors if embeddings.is_multi else embeddings.data
+    bad = ~np.isfinite(data).all(axis=1)
+    if not bad.any():
+        return
+    row = int(np.argmax(bad))
+    document = int(np.searchsorted(embeddings.data.offsets, row, "right") - 1) if embeddings.is_multi else row
+    first = embeddings.ids[document]
+    raise DocembedError(
+        f"{model} made vectors that are not finite (NaN or infinite; first: document {first!r}): nothing "
+        "written; are its weights damaged?"
+    )
 
 
 def fit_model_dir(output: str) -> str:

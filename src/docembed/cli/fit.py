@@ -40,6 +40,13 @@ def fit(
     svd_dim: int = typer.Option(
         None, "--svd-dim", min=0, help="tfidf: size of the dense LSA output of encode (0 = raw tf-idf rows)."
     ),
+    analyzer: str = typer.Option(
+        None,
+        "--analyzer",
+        help="bm25: plain (words, lower-cased) | english (+ stopwords out, Snowball stems).",
+    ),
+    k1: float = typer.Option(None, "--k1", min=0.0, help="bm25: term-frequency saturation (default 1.2)."),
+    b: float = typer.Option(None, "--b", min=0.0, max=1.0, help="bm25: length normalisation (default 0.75)."),
     overwrite: bool = common.OVERWRITE,
 ) -> None:
     """Fit a corpus-statistics baseline (vocabulary, idf) on a corpus and save it as a model directory; or a
@@ -72,6 +79,10 @@ def fit(
         raise UsageError(f"only tfidf, bm25 and fusion are fitted this way, not {family!r}")
     if svd_dim is not None and family != "tfidf":
         raise UsageError("--svd-dim applies to tfidf only")
+    bm25_options = {k: v for k, v in (("analyzer", analyzer), ("k1", k1), ("b", b)) if v is not None}
+    if bm25_options and family != "bm25":
+        raise UsageError(f"--{' --'.join(bm25_options)} applies to bm25 only")
+    bm25_config = BM25Config(**bm25_options) if family == "bm25" else None  # a wrong value fails now
     # all or nothing, under the output's lock from the start: a second fit to the same output fails at once
     with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=[input]) as staging:
         texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
@@ -81,7 +92,7 @@ def fit(
                 config.svd_dim = svd_dim
             model = fit_tfidf(texts, config)
         else:
-            model = fit_bm25(texts, BM25Config())
+            model = fit_bm25(texts, bm25_config)
         model.save(staging)
     log(f"saved the fitted {family} model -> {output}")
 

@@ -39,6 +39,11 @@ def build(
         "--allow-duplicate-ids",
         help="Index a set whose ids repeat (search may then return an id twice).",
     ),
+    analyzer: str = typer.Option(
+        None,
+        "--analyzer",
+        help="bm25: plain (words, lower-cased) | english (+ stopwords out, Snowball stems).",
+    ),
 ) -> None:
     """Build a faiss index (with ids) over dense or multi-vector embeddings.
 
@@ -51,10 +56,12 @@ def build(
     from docembed.runtime import log
 
     check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
+    if analyzer is not None and kind != "bm25":
+        raise UsageError("--analyzer is for bm25 indexes (--type bm25)")
     if kind == "bm25":
         if storage != "float32":
             raise UsageError("--storage is for faiss indexes; a bm25 index holds sparse weights")
-        _build_bm25(embeddings, output, overwrite, allow_duplicate_ids, id_field, text_field)
+        _build_bm25(embeddings, output, overwrite, allow_duplicate_ids, id_field, text_field, analyzer)
         return
     emb = load_embeddings(embeddings)
     duplicates = len(emb.ids) - len(set(emb.ids))
@@ -74,13 +81,17 @@ def build(
     log(f"indexed {what} ({kind}, {storage}) -> {output}")
 
 
-def _build_bm25(corpus, output, overwrite, allow_duplicate_ids, id_field, text_field) -> None:
-    from docembed.errors import DocembedError
+def _build_bm25(corpus, output, overwrite, allow_duplicate_ids, id_field, text_field, analyzer) -> None:
+    from docembed.errors import DocembedError, UsageError
     from docembed.faiss_index import INDEX_DIRECTORY, BM25Index
     from docembed.io.outputs import directory_output
     from docembed.runtime import log
+    from docembed.text import ANALYZERS
 
-    index = BM25Index.build(common.reader(corpus, None, id_field, text_field, False))
+    analyzer = analyzer or "plain"
+    if analyzer not in ANALYZERS:
+        raise UsageError(f"--analyzer is one of {', '.join(ANALYZERS)}, not {analyzer!r}")
+    index = BM25Index.build(common.reader(corpus, None, id_field, text_field, False), analyzer=analyzer)
     duplicates = len(index.ids) - len(set(index.ids))
     if duplicates and not allow_duplicate_ids:
         raise DocembedError(

@@ -291,7 +291,7 @@ def _pair_reciprocal_ranks(task: Evaluator, model, queries: list[str], candidate
     else:
         q, c = task.embed(model, queries), task.embed(model, candidates)
         if isinstance(q, MultiVectors):
-            rows = [maxsim_one_to_many(q[i], c) for i in range(len(q))]
+            rows = [maxsim_one_to_many(q[i], c, model.passage_temperature) for i in range(len(q))]
         else:
             rows = list(cosine_matrix(q, c))
     return metrics.reciprocal_ranks(

@@ -114,7 +114,9 @@ class ParaphraseIdentification(Evaluator):
                 if sparse:
                     scores = np.asarray((vectors[rows] @ vectors[row[source]].T).todense()).ravel()
                 else:
-                    scores = score_one_to_many(_rows(vectors, [row[source]]), _rows(vectors, rows))
+                    scores = score_one_to_many(
+                        _rows(vectors, [row[source]]), _rows(vectors, rows), model.passage_temperature
+                    )
                 score_lists.append(scores)
                 golds.append(gold)
         rr = metrics.reciprocal_ranks(score_lists, golds)
@@ -281,7 +283,7 @@ class SemanticSimilarity(Evaluator):
             predicted = _sparse_rowwise_dot(vectors[left], vectors[right])
         else:
             vectors = self.embed(model, sentences)
-            predicted = score_pairs(_rows(vectors, left), _rows(vectors, right))
+            predicted = score_pairs(_rows(vectors, left), _rows(vectors, right), model.passage_temperature)
         gold = np.array(self.scores)
         from scipy.stats import pearsonr
 

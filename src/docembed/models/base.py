@@ -14,13 +14,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from docembed.errors import CorruptModelError, DocembedError
+from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.io.outputs import DirectoryKind, directory_output
 from docembed.types import Vectors
 from docembed.version import __version__
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+
+
+# Settings added to existing families after their outputs were in use, with their defaults: at the default
+# they are left out of the config hash, so embeddings, caches and indexes made before keep their identity.
+SETTINGS_HASHED_WHEN_SET: dict[str, Any] = {"passage_temperature": 0.0, "analyzer": "plain"}
 
 
 @dataclasses.dataclass
@@ -47,8 +52,17 @@ class EncoderConfig:
         return cls(**values)
 
     def hash(self) -> str:
-        blob = json.dumps(self.to_dict(), sort_keys=True, default=str).encode()
+        values = self.to_dict()
+        for name, default in SETTINGS_HASHED_WHEN_SET.items():  # older outputs keep their identity
+            if values.get(name, default) == default:
+                values.pop(name, None)
+        blob = json.dumps(values, sort_keys=True, default=str).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def check_temperature(value: float) -> None:
+    if not (isinstance(value, (int, float)) and 0.0 <= value <= 10.0):
+        raise UsageError(f"passage_temperature is between 0 (the best passage) and 10, not {value!r}")
 
 
 class NotSupportedError(DocembedError):
@@ -65,6 +79,7 @@ CAPABILITIES = {
     "long": "--long (truncate | windows: a document longer than the model reads, cut or read in windows)",
     "max-length": "--max-length (tokens one pass reads; positions beyond the trained length are tiled)",
     "selection": "--selector / --max-vectors (which token vectors a multi-vector model keeps)",
+    "passages": "--passage-temperature (how a document's passage vectors pool when scored)",
 }
 
 LONG_MODES = ("truncate", "windows")
@@ -82,6 +97,7 @@ class EncodeSettings:
     selector: str | None = None
     max_vectors: int | None = None
     max_length: int | None = None
+    passage_temperature: float | None = None
 
     def apply(self, encoder: Encoder) -> Encoder:
         if self.ratio is not None:
@@ -94,6 +110,8 @@ class EncodeSettings:
             encoder.set_long_documents(self.long_documents)
         if self.max_length is not None:
             encoder.set_max_length(self.max_length)
+        if self.passage_temperature is not None:  # after --long: it decides whether vectors are passages
+            encoder.set_passage_temperature(self.passage_temperature)
         if self.backend or self.precision:
             encoder.set_inference(self.backend, self.precision)
         return encoder
@@ -213,6 +231,46 @@ class Encoder(ABC):
         """Families whose one pass can be made longer ("max-length") override this."""
         self.require("max-length")
 
+    def set_passage_temperature(self, temperature: float) -> None:
+        """How a document's passage vectors pool when scored (see `passage_temperature`): for families
+        whose multi-vector output is passages ("passages": sbert windows, the student's late chunks)."""
+        self.require("passages")
+        check_temperature(temperature)
+        if not self.multi_vector:
+            raise NotSupportedError(
+                f"model {self.name!r} makes one vector per document: passage_temperature applies to its "
+                "passage output (sbert-windows, the student's --long late-chunks)"
+            )
+        self.config.passage_temperature = float(temperature)
+
+    def passage_spans(self, texts: Sequence[str]) -> list:
+        """Per text, the (start, end) character offsets of the passage each of its vectors pools (an
+        (k, 2) int array), in the order `encode` gives the vectors: for a model whose vectors are passages."""
+        import numpy as np
+
+        self.require("passages")
+        if not self.multi_vector:
+            raise NotSupportedError(f"model {self.name!r} makes one vector per document: it has no passages")
+        tokens = self.tokenizer(
+            list(texts),
+            add_special_tokens=False,
+            truncation=False,
+            return_offsets_mapping=True,
+            verbose=False,
+        )
+        spans = []
+        for offsets in tokens["offset_mapping"]:
+            ranges = self.passage_token_ranges(len(offsets))
+            rows = [(offsets[a][0], offsets[b - 1][1]) if b > a else (0, 0) for a, b in ranges]
+            spans.append(np.asarray(rows, dtype=np.int64).reshape(-1, 2))
+        return spans
+
+    def passage_token_ranges(self, length: int) -> list[tuple[int, int]]:
+        """The [start, end) token ranges of a text of `length` tokens (no special tokens) that its passage
+        vectors pool, in order: families with "passages" override this."""
+        self.require("passages")
+        return []
+
     def set_workers(self, workers: int) -> None:
         """Families that encode in several processes ("workers") override this."""
         self.require("workers")
@@ -226,6 +284,13 @@ class Encoder(ABC):
     def config_hash(self) -> str:
         return self.config.hash()
 
+    @property
+    def passage_temperature(self) -> float:
+        """How a multi-vector document's vectors pool when it is scored: 0 takes each query vector's best
+        match (MaxSim; the best passage, MaxP, for a model whose vectors are passages), > 0 the smooth
+        log-mean-exp of docembed.scoring.maxsim_one_to_many, chosen on validation."""
+        return float(getattr(self.config, "passage_temperature", 0.0))
+
     def metadata(self) -> dict[str, Any]:
         meta = {
             "model": self.name,
@@ -234,6 +299,8 @@ class Encoder(ABC):
             "normalized": self.normalized,
             "docembed_version": __version__,
         }
+        if self.passage_temperature:  # an index built from these vectors scores them the same way
+            meta["passage_temperature"] = self.passage_temperature
         if self.source and not _is_builtin_source(self.name, self.source):
             meta["model_source"] = self.source  # a saved model: by its path
         return meta
@@ -377,13 +444,28 @@ def load_state_dict(module, directory: str | Path, device: str = "cpu") -> None:
         state = load_file(str(path), device=device)
     except Exception as error:  # safetensors raises its own error types for truncated headers/data
         raise CorruptModelError(f"{path} is corrupt or truncated: {error}") from None
+    refuse_non_finite(state, path)
     load_untied_state(module, state, f"{path} does not match its config")
+
+
+def refuse_non_finite(state: dict, path: Path) -> None:
+    """NaN or infinite weights (a diverged run, a damaged file) would encode NaN vectors in silence."""
+    import torch
+
+    for key, tensor in state.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise CorruptModelError(f"{path} holds weights that are not finite (NaN or infinite) in {key}")
 
 
 def load_untied_state(module, state: dict, mismatch: str) -> None:
     """Load a state written by `untied_state` into `module`. Tied weights were saved once; any other key
     missing or unexpected is a CorruptModelError starting with `mismatch`."""
-    missing, unexpected = module.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = module.load_state_dict(state, strict=False)
+    except RuntimeError as error:  # torch lists every tensor whose size differs: the first says enough
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        first = next((line for line in lines if line.startswith("size mismatch")), lines[0] if lines else "")
+        raise CorruptModelError(f"{mismatch}: {first[:300]}") from None
     missing = [k for k in missing if not _is_tied(module, k, state)]
     if missing or unexpected:
         raise CorruptModelError(f"{mismatch}: missing {missing[:5]}, unexpected {list(unexpected)[:5]}")

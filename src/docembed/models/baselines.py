@@ -31,7 +31,7 @@ import numpy as np
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, read_config, save_encoder
 from docembed.models.families import register
-from docembed.text import TOKENIZERS
+from docembed.text import ANALYZERS, TOKENIZERS, analyze
 from docembed.text import tokenize as tokenize_words
 from docembed.types import l2_normalize, texts_hash
 
@@ -219,6 +219,13 @@ class BM25Config(EncoderConfig):
     k1: float = 1.2
     b: float = 0.75
     lowercase: bool = True
+    analyzer: str = "plain"  # docembed.text.ANALYZERS: "english" stems and drops stopwords
+
+    def __post_init__(self):
+        if self.analyzer not in ANALYZERS:
+            raise UsageError(f"the bm25 analyzer is one of {', '.join(ANALYZERS)}, not {self.analyzer!r}")
+        if self.k1 < 0 or not 0.0 <= self.b <= 1.0:
+            raise UsageError(f"bm25 needs k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
 
 
 @register
@@ -245,7 +252,7 @@ class BM25Scorer(FittedBaseline):
         doc_freq: dict[str, int] = {}
         total = 0
         for text in texts:
-            tokens = tokenize(text, self.config.lowercase)
+            tokens = self.terms(text)
             total += len(tokens)
             for term in set(tokens):
                 doc_freq[term] = doc_freq.get(term, 0) + 1
@@ -254,6 +261,10 @@ class BM25Scorer(FittedBaseline):
         self.doc_freq, self.num_docs, self.avg_len = doc_freq, len(texts), total / len(texts)
         self.fitted_on = texts_hash(texts)
         return self
+
+    def terms(self, text: str) -> list[str]:
+        """The terms of `text` under this model's analyzer (what fit counts and queries look up)."""
+        return analyze(text, self.config.analyzer, self.config.lowercase)
 
     def idf(self, term: str) -> float:
         return float(bm25_idf(self.doc_freq.get(term, 0), self.num_docs))
@@ -275,7 +286,7 @@ class BM25Scorer(FittedBaseline):
         vocab: dict[str, int] = {}
         indptr, indices, counts, lengths = [0], [], [], []
         for text in candidates:
-            tokens = tokenize(text, self.config.lowercase)
+            tokens = self.terms(text)
             for term, count in Counter(tokens).items():
                 indices.append(vocab.setdefault(term, len(vocab)))
                 counts.append(count)
@@ -286,7 +297,7 @@ class BM25Scorer(FittedBaseline):
         lengths = np.asarray(lengths, dtype=np.float64)[:, None]
         scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
         for row, query in enumerate(queries):
-            terms = sorted(t for t in set(tokenize(query, self.config.lowercase)) if t in vocab)
+            terms = sorted(t for t in set(self.terms(query)) if t in vocab)
             if not terms:
                 continue
             found = tf[:, [vocab[t] for t in terms]].toarray()  # (candidates, query terms)

@@ -35,6 +35,17 @@ from docembed.types import Vectors
 NORMALIZATIONS = ("zscore", "minmax", "rrf")
 LEXICAL_FAMILIES = ("tfidf", "bm25")
 DEFAULT_WEIGHT = 0.5
+# `LEXICAL+MODEL` of two built-ins: the weight chosen once on the val splits of all six long-document
+# retrieval tasks together (bench/bench_long_retrieval.py: man pages, Debian documentation, joined 20
+# Newsgroups posts; z-score, which beat RRF there), so one default holds across kinds of text; any other
+# pair gets DEFAULT_WEIGHT. `docembed fit fusion --validation` chooses one on the user's own queries.
+VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
+    ("tfidf", "sbert-windows"): 0.65,
+    ("bm25", "sbert-windows"): 0.75,
+    ("tfidf", "sbert"): 0.8,
+    ("tfidf", "sbert-chunks"): 0.8,
+}
+VALIDATED_ON = "the val splits of docembed's six long-document retrieval tasks (bench_long_retrieval)"
 WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
 LEXICAL_FOLDER = "lexical"
 
@@ -110,13 +121,23 @@ class FusionScorer(Encoder):
 
     @classmethod
     def from_parts(cls, lexical: str, model: str, device: str = "cpu", **config: Any) -> FusionScorer:
-        """`bm25+sbert`: the two parts by name or folder, with the default (or given) weight."""
+        """`bm25+sbert`: the two parts by name or folder, with the given weight, else the one validated for
+        these two built-ins (VALIDATED_WEIGHTS), else the default. A built-in `tfidf` part scores with the
+        exact tf-idf rows, the rule the weights were chosen with (an LSA of a few candidates is not one)."""
         from docembed.models.registry import load_model
 
+        validated = VALIDATED_WEIGHTS.get((lexical, model))
+        if (
+            "weight" not in config
+            and validated is not None
+            and config.get("normalization", "zscore") == "zscore"
+        ):
+            config.update(weight=validated, chosen_on=VALIDATED_ON)
+        lexical_part = load_model(lexical, device)
+        if lexical == "tfidf":
+            lexical_part.config.svd_dim = 0
         return cls(
-            FusionConfig(lexical=lexical, model=model, **config),
-            load_model(lexical, device),
-            load_model(model, device),
+            FusionConfig(lexical=lexical, model=model, **config), lexical_part, load_model(model, device)
         )
 
     # --- fitting --------------------------------------------------------------------------------------
@@ -142,7 +163,8 @@ class FusionScorer(Encoder):
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import score_matrix
 
-        model = score_matrix(embed(self.model, queries), embed(self.model, candidates))
+        temperature = self.model.passage_temperature
+        model = score_matrix(embed(self.model, queries), embed(self.model, candidates), temperature)
         return self.lexical_scores(queries, candidates), np.asarray(model, dtype=np.float64)
 
     def lexical_scores(self, queries: Sequence[str], candidates: Sequence[str], pairs: bool = False):
@@ -196,7 +218,8 @@ class FusionScorer(Encoder):
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import score_pairs
 
-        model = np.asarray(score_pairs(embed(self.model, left), embed(self.model, right)), dtype=np.float64)
+        pairs = score_pairs(embed(self.model, left), embed(self.model, right), self.model.passage_temperature)
+        model = np.asarray(pairs, dtype=np.float64)
         parts = []
         for key, values in (("lexical", lexical), ("model", model)):
             stats = c.pair_stats[key]

@@ -64,8 +64,15 @@ BUILTIN: dict[str, ZooEntry] = {
     "sbert-windows": ZooEntry(
         "sbert",
         "all-MiniLM-L6-v2 over 256-token windows of the whole text, one vector per window (multi-vector): "
-        "a query is scored against a document's best windows (MaxP)",
-        {"model_name_or_path": "all-MiniLM-L6-v2", "output": "windows", "max_seq_length": 256},
+        "a document is scored by its passages, a smooth maximum over its windows (passage_temperature "
+        "0.03, chosen on the long-document val tasks; 0 is the best window, MaxP); `rerank --passages` "
+        "says which window matched",
+        {
+            "model_name_or_path": "all-MiniLM-L6-v2",
+            "output": "windows",
+            "max_seq_length": 256,
+            "passage_temperature": 0.03,
+        },
     ),
     "nugget": ZooEntry(
         "nugget",

@@ -21,7 +21,14 @@ import numpy as np
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.io.outputs import DirectoryKind
 from docembed.models import inference_backends
-from docembed.models.base import LONG_MODES, Encoder, EncoderConfig, NotSupportedError, read_config
+from docembed.models.base import (
+    LONG_MODES,
+    Encoder,
+    EncoderConfig,
+    NotSupportedError,
+    check_temperature,
+    read_config,
+)
 from docembed.models.families import register
 from docembed.models.offline import resolve_sbert
 from docembed.tensors import token_windows
@@ -46,6 +53,8 @@ class SBertConfig(EncoderConfig):
     output: str = "chunks"
     max_seq_length: int | None = None  # None keeps the model's own limit
     window_overlap: int = 0  # chunks / windows: tokens each window shares with the one before
+    # windows: how a document's windows pool when scored: 0 the best window (MaxP), > 0 smoother (scoring.py)
+    passage_temperature: float = 0.0
     normalize: bool = True
     backend: str = "auto"  # auto | torch | openvino | onnx (inference only; the weights are the same)
     precision: str = "fp32"  # fp32 | int8
@@ -54,13 +63,14 @@ class SBertConfig(EncoderConfig):
         if self.output not in OUTPUTS:
             raise UsageError(f"sbert output must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         inference_backends.check_choice(self.backend, self.precision)
+        check_temperature(self.passage_temperature)
 
 
 @register
 class SBertEncoder(Encoder):
     family = "sbert"
     config_class = SBertConfig
-    capabilities = frozenset({"backends", "long"})
+    capabilities = frozenset({"backends", "long", "passages"})
 
     def __init__(self, config: SBertConfig, name: str | None = None, device: str = "cpu", _path=None):
         super().__init__(config, name)
@@ -245,6 +255,14 @@ class SBertEncoder(Encoder):
                 owners.append(index)
                 starts.append(start)
         return windows, np.asarray(owners, dtype=np.int64), np.asarray(starts, dtype=np.int64)
+
+    def passage_token_ranges(self, length: int) -> list[tuple[int, int]]:
+        """The windows the windows output reads (see windows())."""
+        width = self.max_seq_length - 2
+        return [
+            (start, start + len(window))
+            for start, window in token_windows(range(length), width, self.config.window_overlap)
+        ]
 
     def _encode_windows(self, texts: list[str], batch_size: int) -> MultiVectors:
         windows, owners, starts = self.windows(texts)

@@ -33,6 +33,7 @@ from docembed.models.base import (
     LONG_MODES,
     Encoder,
     EncoderConfig,
+    check_temperature,
     load_state_dict,
     read_config,
     save_state_dict,
@@ -68,13 +69,18 @@ class StudentConfig(EncoderConfig):
     # of those tokens' states in the long pass (late chunking, Günther et al. 2024): multi-vector.
     long_documents: str = "windows"
     chunk_tokens: int = 256  # late-chunks: tokens per vector (SBERT's window, the depth teacher's)
+    # late-chunks: how a document's chunks pool when scored, 0 = the best chunk, > 0 smoother (scoring.py)
+    passage_temperature: float = 0.0
+
+    def __post_init__(self):
+        check_temperature(self.passage_temperature)
 
 
 @register
 class StudentEncoder(inference_backends.InferenceChoice, Encoder):
     family = "student"
     config_class = StudentConfig
-    capabilities = frozenset({"long", "backends", "max-length"})
+    capabilities = frozenset({"long", "backends", "max-length", "passages"})
     # encode() uses models/local_attention.py (same outputs, 1.5-2.3x faster on CPU); not saved.
     local_attention = True
 
@@ -192,6 +198,14 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
                 owners.append(index)
                 starts.append(start)
         return passes, owners, starts
+
+    def passage_token_ranges(self, length: int) -> list[tuple[int, int]]:
+        """The late chunks: chunk_tokens at a time within each max_length pass (see _late_chunks)."""
+        ranges, size = [], self.config.chunk_tokens
+        for start, window in token_windows(range(length), self.config.max_length - 2):
+            stop = start + len(window)
+            ranges += [(a, min(a + size, stop)) for a in range(start, max(stop, start + 1), size)]
+        return ranges
 
     def _windowed_means(self, texts: list[str], batch_size: int) -> np.ndarray:
         """The mean token vector of the whole of each text: windows of max_length tokens, each pooled, then

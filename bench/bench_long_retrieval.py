@@ -1,0 +1,366 @@
+"""Find the document a query is about (issue 45): long-document retrieval on several kinds of text, every
+lexical rule, whole-document and passage-scoring model, and their fusions, on val and test splits.
+
+Tasks (every document of a split is a candidate; query i's one right answer is document i; MRR x100 with
+ties counted against the gold; paired differences on the same queries):
+- man-part / man-halves: bench_long's tasks on this machine's long man pages (2,000-10,000 words): a passage
+  of 60-200 words from the middle -> its page with the passage taken out; first half -> second half;
+- man-summary: a page's one-line description from its NAME section (`lexgrog`, the command's name left
+  out: "print lines that match patterns") -> the page (summary-like queries, built without labels);
+- docs-part / docs-halves: Debian documentation pages of 600-8,000 words (bench_student_kinds' pages and
+  page-id splits; the student's training corpus takes only their `train` split);
+- ng-thread: 20 Newsgroups test posts of one newsgroup joined twelve at a time into documents of a few
+  thousand words; the query is the first 30 words of one of the later posts, taken out of its document
+  (short queries among documents of the same topics: hard to saturate).
+Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with docembed's plain analyzer and
+with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
+windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
+max at each temperature of TEMPERATURES: log-mean-exp of the windows' cosines), the student (2,048-token
+windows averaged) and passage scoring over its late chunks; every lexical rule fused with every model
+configuration (z-score convex and RRF), the weight chosen once on all val tasks together (the mean of the
+tasks' MRRs, so one default holds across kinds of text) and applied unchanged to test.
+Embeddings are cached under runs/long_retrieval/ by model and task text (a rerun scores new
+configurations without encoding again); the summary goes to bench/results/long_retrieval.json.
+
+    .venv/bin/python bench/bench_long_retrieval.py [--encoders sbert-windows,student] [--ng-docs 150]
+    .venv/bin/python bench/run.py --only long_retrieval
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+OUT = BENCH_DIR / "results" / "long_retrieval.json"
+WORK = ROOT / "runs" / "long_retrieval"
+sys.path.insert(0, str(BENCH_DIR))
+
+import bench_long  # noqa: E402  (man pages and their part / halves tasks)
+import bench_student_kinds  # noqa: E402  (the Debian documentation pages)
+
+TEMPERATURES = (0.0, 0.01, 0.03, 0.1)
+SPLITS = ("val", "test")
+# encoding label -> (docembed.load name, options): each is encoded once per task text
+# (the student's late chunks are kept unnormalised: their token-weighted mean is exactly its default vector,
+# the mean of every token state of its 2,048-token passes, so one pass over the text gives both)
+ENCODERS = {
+    "static": ("static", {}),
+    "sbert-windows": ("sbert-windows", {}),
+    "student-late-chunks": ("student", {"long_documents": "late-chunks", "normalize": False}),
+}
+LEXICAL = ("tfidf", "bm25", "bm25-english")
+NG_QUERY_WORDS = 30
+NG_POSTS_PER_DOC = 12
+
+
+# --- tasks --------------------------------------------------------------------------------------------------
+def man_description(page_id: str) -> str | None:
+    """The NAME line's description of man page `man1/ls` ("list directory contents"), or None."""
+    section, name = page_id.split("/", 1)
+    files = sorted(pathlib.Path("/usr/share/man", section).glob(f"{name}.*"))
+    if not files:
+        return None
+    found = subprocess.run(["lexgrog", str(files[0])], capture_output=True, text=True).stdout
+    match = re.search(r'"[^"]*? - (.+)"', found)
+    return match.group(1).strip() if match and len(match.group(1).split()) >= 2 else None
+
+
+def summary_task(pages: list[dict]) -> tuple[list[str], list[str]]:
+    queries, documents = [], []
+    for page in pages:
+        description = man_description(page["id"])
+        if description is None:
+            continue
+        kept = [p for p in page["text"].split("\n") if description.lower() not in p.lower()]
+        queries.append(description)
+        documents.append("\n".join(kept))
+    return queries, documents
+
+
+def newsgroup_threads(split: str, limit: int) -> tuple[list[str], list[str]]:
+    """Documents of twelve test posts of one newsgroup; the query: the first words of a later post."""
+    import gzip
+
+    path = pathlib.Path(os.environ.get("DOCEMBED_DATA", ROOT.parent / "shared" / "data"))
+    with gzip.open(path / "20newsgroups" / "test.jsonl.gz", "rt", encoding="utf-8") as lines:
+        posts = [json.loads(line) for line in lines]
+    rng = np.random.default_rng(45)
+    by_label: dict[str, list[str]] = {}
+    for post in posts:
+        text = " ".join(post["text"].split())
+        if len(text.split()) >= 40:
+            by_label.setdefault(str(post["label"]), []).append(text)
+    queries, documents = [], []
+    for label in sorted(by_label):
+        texts = [by_label[label][i] for i in rng.permutation(len(by_label[label]))]
+        for start in range(0, len(texts) - NG_POSTS_PER_DOC + 1, NG_POSTS_PER_DOC):
+            group = texts[start : start + NG_POSTS_PER_DOC]
+            key = hashlib.sha1(group[0].encode()).digest()[0]
+            if ("val" if key % 2 == 0 else "test") != split:
+                continue
+            later = [i for i in range(1, len(group)) if len(group[i].split()) >= 2 * NG_QUERY_WORDS]
+            if not later:
+                continue
+            chosen = later[int(rng.integers(len(later)))]
+            words = group[chosen].split()
+            queries.append(" ".join(words[:NG_QUERY_WORDS]))
+            group[chosen] = " ".join(words[NG_QUERY_WORDS:])
+            documents.append("\n\n".join(group))
+    order = np.random.default_rng(7).permutation(len(queries))[:limit]
+    return [queries[i] for i in order], [documents[i] for i in order]
+
+
+def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]]]:
+    man = bench_long.pages(10**6)
+    docs = bench_student_kinds.debian_docs()
+    tasks: dict[str, dict] = {}
+    for split in SPLITS:
+        rng = np.random.default_rng(1111)
+        man_split = [p for p in man if bench_long.split_of(p["id"]) == split]
+        docs_split = [p for p in docs if p["split"] == split]
+        for kind, pages in (("man", man_split), ("docs", docs_split)):
+            parts = [bench_long.part_task(p, rng) for p in pages]
+            halves = [bench_long.halves_task(p) for p in pages]
+            tasks.setdefault(f"{kind}-part", {})[split] = ([q for q, _ in parts], [d for _, d in parts])
+            tasks.setdefault(f"{kind}-halves", {})[split] = ([q for q, _ in halves], [d for _, d in halves])
+        tasks.setdefault("man-summary", {})[split] = summary_task(man_split)
+        tasks.setdefault("ng-thread", {})[split] = newsgroup_threads(split, ng_docs)
+    return tasks
+
+
+# --- scores -------------------------------------------------------------------------------------------------
+def reciprocal_ranks(scores: np.ndarray) -> np.ndarray:
+    return bench_long.reciprocal_ranks(np.asarray(scores, dtype=np.float64))
+
+
+def lexical_scores(name: str, queries: list[str], candidates: list[str]) -> np.ndarray:
+    import docembed
+
+    model = docembed.load(name.split("-")[0], device="cpu")
+    if name == "bm25-english":
+        model.encoder.config.analyzer = "english"
+    if name == "tfidf":  # the exact tf-idf rows: an LSA fitted on a few dozen pages is no rule
+        model.encoder.config.svd_dim = 0
+    model.fit(candidates)
+    if name.startswith("bm25"):
+        return np.asarray(model.similarity(queries, candidates), dtype=np.float64)
+    return np.asarray(model.similarity(model.encode(queries), model.encode(candidates)), dtype=np.float64)
+
+
+def encoded(label: str, task: str, split: str, texts: dict[str, list[str]], timings: dict) -> dict:
+    """{"queries": vectors, "candidates": vectors} of one encoder on one task split, cached on disk."""
+    import docembed
+    from docembed.types import MultiVectors
+
+    digest = hashlib.sha1(json.dumps([label, ENCODERS[label], texts]).encode()).hexdigest()[:16]
+    cache = WORK / label / f"{task}-{split}-{digest}.npz"
+    if cache.exists():
+        stored = np.load(cache)
+        timings[label] = timings.get(label, 0.0) + float(stored["seconds"])
+        out = {}
+        for side in ("queries", "candidates"):
+            if f"{side}_offsets" in stored:
+                vectors, offsets = stored[f"{side}_vectors"], stored[f"{side}_offsets"]
+                out[side] = MultiVectors(vectors, offsets, stored.get(f"{side}_positions"))
+            else:
+                out[side] = stored[f"{side}_vectors"]
+        return out
+    name, options = ENCODERS[label]
+    options = dict(options)
+    normalize = options.pop("normalize", True)
+    model = docembed.load(name, device="cpu", **options)
+    model.encoder.config.normalize = normalize
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = {side: model.encode(texts[side]) for side in ("queries", "candidates")}
+    seconds = time.perf_counter() - started
+    timings[label] = timings.get(label, 0.0) + seconds
+    arrays = {"seconds": np.array(seconds)}
+    for side, vectors in out.items():
+        if isinstance(vectors, MultiVectors):
+            arrays[f"{side}_vectors"], arrays[f"{side}_offsets"] = vectors.vectors, vectors.offsets
+            arrays[f"{side}_positions"] = vectors.positions
+        else:
+            arrays[f"{side}_vectors"] = vectors
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, **arrays)
+    print(f"[long_retrieval] {label}: {task}/{split} encoded in {seconds:.0f} s", file=sys.stderr, flush=True)
+    return out
+
+
+def student_default(chunks, texts: list[str], tokenizer, chunk_tokens: int = 256, max_length: int = 2048):
+    """The student's default vectors from its unnormalised late chunks: each chunk's mean weighted by the
+    tokens it pooled (a pass's [CLS] joins its first chunk and [SEP] its last), normalised."""
+    from docembed.types import l2_normalize
+
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]]
+    span = max_length - 2  # text tokens per pass
+    out = np.zeros((len(texts), chunks.dim), dtype=np.float64)
+    for i, total in enumerate(lengths):
+        rows = range(chunks.offsets[i], chunks.offsets[i + 1])
+        weights = []
+        for position in chunks.positions[rows.start : rows.stop]:
+            pass_start = position // span * span
+            pass_end = min(pass_start + span, total)
+            end = min(position + chunk_tokens, pass_end)
+            weights.append(end - position + (position == pass_start) + (end == pass_end))
+        weights = np.asarray(weights, dtype=np.float64)
+        out[i] = weights @ chunks.vectors[rows.start : rows.stop] / weights.sum()
+    return l2_normalize(out.astype(np.float32))
+
+
+def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None) -> dict[str, np.ndarray]:
+    """The score matrices of every configuration one encoding gives."""
+    from docembed.scoring import cosine_matrix, maxsim_one_to_many
+
+    queries, candidates = vectors["queries"], vectors["candidates"]
+    if not hasattr(candidates, "offsets"):
+        return {label: cosine_matrix(queries, candidates)}
+    out = {}
+    if label == "sbert-windows":  # the dense readings of the same windows
+        first = {side: v.vectors[v.offsets[:-1]] for side, v in vectors.items()}  # each text's first window
+        out["sbert --long truncate"] = cosine_matrix(first["queries"], first["candidates"])
+        out["sbert-chunks"] = cosine_matrix(queries.mean(), candidates.mean())
+    if label == "student-late-chunks":  # the student's default, from the same pass
+        defaults = {side: student_default(v, texts[side], tokenizer) for side, v in vectors.items()}
+        out["student"] = cosine_matrix(defaults["queries"], defaults["candidates"])
+    base = "sbert" if label == "sbert-windows" else "student"
+    for temperature in TEMPERATURES:
+        name = f"{base} passages max" if temperature == 0 else f"{base} passages t={temperature}"
+        out[name] = np.stack(
+            [maxsim_one_to_many(queries[i], candidates, temperature) for i in range(len(queries))]
+        )
+    return out
+
+
+def fused_models(rr: dict) -> list[str]:
+    """The model configurations fused with the lexical rules: the whole-document defaults (sbert-chunks, the
+    student) and each family's passage scoring at the temperature best on val (mean over the val tasks)."""
+    chosen = [m for m in ("sbert-chunks", "student") if m in rr]
+    for family in ("sbert", "student"):
+        passages = [m for m in rr if m.startswith(f"{family} passages")]
+        if passages:
+            chosen.append(max(passages, key=lambda m: np.mean([v.mean() for v in rr[m]["val"].values()])))
+    return chosen
+
+
+def fusion_rows(results: dict, tasks: dict, models: list[str]) -> dict:
+    """Each lexical rule fused with each of `models`: z-score convex and RRF, one weight chosen on all val
+    tasks together (the mean of their MRRs) and applied to test."""
+    from docembed.models.fusion import WEIGHT_GRID, fuse
+
+    rows = {}
+    for lexical in LEXICAL:
+        for model in models:
+            for method in ("zscore", "rrf"):
+
+                def mrr(weight, split, lexical=lexical, model=model, method=method):
+                    return {
+                        task: reciprocal_ranks(
+                            fuse(results[lexical][split][task], results[model][split][task], weight, method)
+                        )
+                        for task in tasks
+                    }
+
+                val = {w: float(np.mean([rr.mean() for rr in mrr(w, "val").values()])) for w in WEIGHT_GRID}
+                weight = max(val, key=lambda w, val=val: (val[w], -abs(w - 0.5)))
+                label = f"{lexical}+{model} ({method})"
+                rows[label] = {"weight": weight, "rr": {s: mrr(weight, s) for s in SPLITS}}
+    return rows
+
+
+def summarise(rr: dict, tasks: dict, weights: dict, timings: dict) -> dict:
+    from docembed.evaluation.statistics import paired_difference
+
+    table = {}
+    for label, by_split in rr.items():
+        row = {}
+        for split in SPLITS:
+            means = []
+            for task in tasks:
+                values = by_split[split][task]
+                cell = {"mrr": round(100 * float(values.mean()), 2), "n": len(values)}
+                lexical = max(LEXICAL, key=lambda name, t=task, s=split: rr[name][s][t].mean())
+                if label != lexical:
+                    cell[f"vs_best_lexical ({lexical})"] = paired_difference(values, rr[lexical][split][task])
+                if label != "sbert-chunks" and "sbert-chunks" in rr:
+                    cell["vs_sbert-chunks"] = paired_difference(values, rr["sbert-chunks"][split][task])
+                row[f"{task}/{split}"] = cell
+                means.append(cell["mrr"])
+            row[f"mean/{split}"] = round(float(np.mean(means)), 2)
+        if label in weights:
+            row["weight_chosen_on_val"] = weights[label]
+        table[label] = row
+    return {"models": table, "encode_seconds": {k: round(v, 1) for k, v in timings.items()}}
+
+
+def main(
+    out_dir: pathlib.Path | None = None,
+    full: bool = False,
+    encoders: list[str] | None = None,
+    ng_docs: int = 150,
+    out: pathlib.Path = OUT,
+) -> dict:
+    tasks = build_tasks(ng_docs)
+    scores: dict[str, dict] = {}  # configuration -> split -> task -> score matrix
+    for lexical in LEXICAL:
+        for task, by_split in tasks.items():
+            for split, (queries, candidates) in by_split.items():
+                matrix = lexical_scores(lexical, queries, candidates)
+                scores.setdefault(lexical, {}).setdefault(split, {})[task] = matrix
+    timings: dict[str, float] = {}
+    tokenizer = None
+    if "student-late-chunks" in (encoders or ENCODERS):
+        import docembed
+
+        tokenizer = docembed.load("student", device="cpu").encoder.tokenizer
+    for label in encoders or list(ENCODERS):
+        for task, by_split in tasks.items():
+            for split, (queries, candidates) in by_split.items():
+                texts = {"queries": queries, "candidates": candidates}
+                vectors = encoded(label, task, split, texts, timings)
+                for name, matrix in model_configurations(label, vectors, texts, tokenizer).items():
+                    scores.setdefault(name, {}).setdefault(split, {})[task] = matrix
+    rr = {
+        name: {s: {t: reciprocal_ranks(m) for t, m in by_task.items()} for s, by_task in by_split.items()}
+        for name, by_split in scores.items()
+    }
+    weights = {}
+    for label, row in fusion_rows(scores, tasks, fused_models(rr)).items():
+        rr[label] = row["rr"]
+        weights[label] = row["weight"]
+    summary = {
+        "data": {
+            task: {s: {"queries": len(q), "candidates": len(c)} for s, (q, c) in by_split.items()}
+            for task, by_split in tasks.items()
+        },
+        "threads": os.environ.get("OMP_NUM_THREADS"),
+        **summarise(rr, tasks, weights, timings),
+    }
+    pathlib.Path(out).write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--encoders", help=f"comma-separated, of {', '.join(ENCODERS)} (default: all)")
+    parser.add_argument("--ng-docs", type=int, default=150, help="joined 20 Newsgroups documents per split")
+    parser.add_argument("--out", type=pathlib.Path, default=OUT)
+    args = parser.parse_args()
+    chosen = args.encoders.split(",") if args.encoders else None
+    result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out)
+    for label, row in result["models"].items():
+        print(f"{label:50s} val {row['mean/val']:6.2f}  test {row['mean/test']:6.2f}")

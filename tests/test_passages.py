@@ -1,0 +1,184 @@
+"""Passage scoring (#45): a document scored through its passages (sbert's windows, the student's late
+chunks) with one pooling setting, `passage_temperature` (0 the best passage, larger towards their mean),
+the same in the Python API, similarity, rerank, a fusion, encode's metadata and a search index; a BM25
+index with the English analyzer."""
+
+import json
+
+import numpy as np
+import pytest
+
+import docembed
+from cli_helpers import invoke
+from docembed.models.base import NotSupportedError
+from docembed.scoring import maxsim_one_to_many
+
+QUERY = "the cat sat on the mat"
+# long enough for several of the tiny model's windows each, with one part about the query
+DOCS = [
+    "stocks fell sharply today " * 12 + "the cat sat on the mat " + "rates rose again " * 12,
+    "a dog ran in the park " * 30,
+    "the cat and the mat and the cat " * 25,
+]
+
+
+@pytest.fixture(scope="module")
+def passages_dir(tiny_bert_dir, tmp_path_factory):
+    """The tiny sbert model with the windows output and a smooth pooling of its windows, saved."""
+    from tiny_models import save_tiny_sbert
+
+    directory = save_tiny_sbert(tiny_bert_dir, tmp_path_factory.mktemp("passages"), output="windows")
+    model = docembed.load(str(directory), device="cpu", passage_temperature=0.05)
+    smooth = directory.parent / "smooth"
+    model.save(smooth)
+    return smooth
+
+
+def expected_scores(model, temperature):
+    vectors = model.encode([QUERY, *DOCS])
+    return maxsim_one_to_many(vectors[0], vectors.select([1, 2, 3]), temperature)
+
+
+def test_a_saved_temperature_is_used_by_similarity_and_round_trips(passages_dir):
+    model = docembed.load(str(passages_dir), device="cpu")
+    assert model.encoder.passage_temperature == 0.05
+    scores = model.similarity([QUERY], DOCS)[0]
+    np.testing.assert_allclose(scores, expected_scores(model, 0.05), rtol=1e-5)
+    best = docembed.load(str(passages_dir), device="cpu", passage_temperature=0.0)
+    assert not np.allclose(best.similarity([QUERY], DOCS)[0], scores)  # the max differs from its smooth form
+    np.testing.assert_allclose(best.similarity([QUERY], DOCS)[0], expected_scores(model, 0.0), rtol=1e-5)
+
+
+def test_only_a_passage_output_takes_a_temperature(tiny_sbert_dir):
+    with pytest.raises(NotSupportedError, match="passage output"):
+        docembed.load(str(tiny_sbert_dir), device="cpu", passage_temperature=0.1)  # one mean vector
+    with pytest.raises(NotSupportedError, match="does not support"):
+        docembed.load("glove-avg", device="cpu", passage_temperature=0.1)
+    with pytest.raises(docembed.errors.UsageError, match="between 0"):
+        docembed.load(str(tiny_sbert_dir), device="cpu", long_documents="windows", passage_temperature=-1)
+
+
+def test_the_default_keeps_the_config_hash_older_outputs_were_written_with(passages_dir):
+    """A model at the default pooling has the identity it had before the setting existed, so --reuse,
+    caches and indexes of earlier runs still match; a smoothed one is another configuration."""
+    default = docembed.load(str(passages_dir), device="cpu", passage_temperature=0.0).encoder
+    values = default.config.to_dict()
+    values.pop("passage_temperature")
+    assert default.config.hash() == type(default.config)(**values).hash()
+    assert "passage_temperature" not in default.metadata()
+    smooth = docembed.load(str(passages_dir), device="cpu").encoder
+    assert smooth.config.hash() != default.config.hash()
+    assert smooth.metadata()["passage_temperature"] == 0.05
+
+
+def test_similarity_rerank_and_a_fusion_score_as_the_api(capfd, tmp_path, passages_dir):
+    model = docembed.load(str(passages_dir), device="cpu")
+    expected = model.similarity([QUERY], DOCS)[0]
+    pair = invoke(capfd, "similarity", QUERY, DOCS[0], "-m", passages_dir)
+    assert pair.code == 0, pair.err
+    assert float(pair.out.strip()) == pytest.approx(float(expected[0]), abs=1e-5)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": QUERY, "candidates": DOCS}) + "\n")
+    ranked = invoke(capfd, "rerank", tasks, "-m", passages_dir)
+    assert ranked.code == 0, ranked.err
+    ranking = json.loads(ranked.out)["ranking"]
+    by_text = {row["text"]: row["score"] for row in ranking}
+    assert [by_text[d] for d in DOCS] == pytest.approx([float(s) for s in expected], abs=1e-5)
+    from docembed.models.fusion import FusionScorer
+
+    fusion = FusionScorer.from_parts("bm25", str(passages_dir), device="cpu").fit(DOCS)
+    _, model_part = fusion.part_scores([QUERY], DOCS)
+    np.testing.assert_allclose(model_part[0], expected, rtol=1e-5)
+
+
+def test_encode_records_the_pooling_and_the_index_searches_with_it(capfd, tmp_path, passages_dir):
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    out = tmp_path / "docs.npz"
+    assert invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", out).code == 0
+    assert invoke(capfd, "index", "build", out, "-o", tmp_path / "docs.index").code == 0
+    meta = json.loads((tmp_path / "docs.index" / "meta.json").read_text())
+    assert meta["passage_temperature"] == 0.05
+    found = invoke(capfd, "search", tmp_path / "docs.index", "--query", QUERY, "-k", "3")
+    assert found.code == 0, found.err
+    hits = {h["id"]: h["score"] for h in json.loads(found.out)["results"]}
+    expected = docembed.load(str(passages_dir), device="cpu").similarity([QUERY], DOCS)[0]
+    assert [hits[f"d{i}"] for i in range(3)] == pytest.approx([float(s) for s in expected], abs=1e-5)
+
+
+def test_encode_takes_the_pooling_as_an_option(capfd, tmp_path, tiny_sbert_dir, passages_dir):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(DOCS) + "\n")
+    out = tmp_path / "v.npz"
+    for model in (tiny_sbert_dir, "glove-avg"):  # one vector per document: no passages to pool
+        refused = invoke(capfd, "encode", corpus, "-m", model, "-o", out, "--passage-temperature", "0.2")
+        assert refused.code != 0 and "passage" in refused.err and not out.exists()
+    done = invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", out, "--passage-temperature", "0.2")
+    assert done.code == 0, done.err
+    from docembed.io.embeddings import load_embeddings
+
+    assert load_embeddings(out).metadata["passage_temperature"] == 0.2
+
+
+def test_bm25_index_with_the_english_analyzer(capfd, tmp_path):
+    corpus = tmp_path / "docs.jsonl"
+    rows = [("a", "the rocket launches at noon"), ("b", "weather report for the week")]
+    corpus.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in rows))
+    plain, english = tmp_path / "plain.index", tmp_path / "english.index"
+    assert invoke(capfd, "index", "build", corpus, "--type", "bm25", "-o", plain).code == 0
+    built = invoke(capfd, "index", "build", corpus, "--type", "bm25", "-o", english, "--analyzer", "english")
+    assert built.code == 0, built.err
+    assert json.loads((english / "meta.json").read_text())["config"]["analyzer"] == "english"
+    assert json.loads(invoke(capfd, "search", plain, "--query", "launch").out)["results"] == []
+    hits = json.loads(invoke(capfd, "search", english, "--query", "launched").out)["results"]
+    assert [h["id"] for h in hits] == ["a"]
+    wrong = invoke(capfd, "index", "build", corpus, "-o", tmp_path / "x", "--analyzer", "english")
+    assert wrong.code != 0 and "--analyzer is for bm25" in wrong.err
+
+
+def test_passage_spans_follow_the_vectors_encode_gives(passages_dir):
+    model = docembed.load(str(passages_dir), device="cpu")
+    texts = [*DOCS, "", "one short text"]
+    spans = model.encoder.passage_spans(texts)
+    vectors = model.encode(texts)
+    assert [len(s) for s in spans] == vectors.counts.tolist()
+    for text, rows in zip(texts, spans, strict=True):
+        assert rows[0][0] <= rows[-1][1] <= len(text)
+        assert np.all(rows[1:, 0] >= rows[:-1, 1])  # consecutive windows, no overlap by default
+    assert spans[3].tolist() == [[0, 0]]  # an empty text: one empty passage
+    assert texts[0][spans[0][0][0] : spans[0][-1][1]].strip() == texts[0].strip()
+
+
+def test_the_best_passage_is_the_part_about_the_query(capfd, tmp_path, passages_dir):
+    model = docembed.load(str(passages_dir), device="cpu")
+    found = model.best_passages(QUERY, DOCS)
+    vectors = model.encode([QUERY, DOCS[0]])
+    sims = (vectors[0] / np.linalg.norm(vectors[0])) @ (
+        vectors[1] / np.linalg.norm(vectors[1], axis=1)[:, None]
+    ).T
+    start, end = model.encoder.passage_spans([DOCS[0]])[0][int(np.argmax(sims.mean(axis=0)))]
+    assert (found[0]["start"], found[0]["end"]) == (start, end)
+    assert found[0]["text"] == DOCS[0][start:end] and found[0]["score"] == pytest.approx(sims.max(), abs=1e-5)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": QUERY, "candidates": DOCS}) + "\n")
+    ranked = invoke(capfd, "rerank", tasks, "-m", passages_dir, "--passages")
+    assert ranked.code == 0, ranked.err
+    by_text = {row["text"]: row["passage"] for row in json.loads(ranked.out)["ranking"]}
+    assert [by_text[d] for d in DOCS] == [[f["start"], f["end"]] for f in found]
+    dense = invoke(capfd, "rerank", tasks, "-m", "glove-avg", "--passages")
+    assert dense.code != 0 and "passages" in dense.err
+    with pytest.raises(NotSupportedError):
+        docembed.load("glove-avg", device="cpu").best_passages(QUERY, DOCS)
+
+
+def test_a_fusion_of_built_ins_uses_its_validated_weight_and_exact_tfidf():
+    from docembed.models.fusion import DEFAULT_WEIGHT, VALIDATED_WEIGHTS
+    from docembed.models.registry import load_model
+
+    fusion = load_model("tfidf+sbert-windows")
+    assert fusion.config.weight == VALIDATED_WEIGHTS["tfidf", "sbert-windows"] != DEFAULT_WEIGHT
+    assert "long-document" in fusion.config.chosen_on
+    fusion.fit(DOCS)
+    assert fusion.lexical.components is None  # the exact tf-idf rows the weight was chosen with
+    other = load_model("bm25+glove-avg")  # not validated: the default, and it says so
+    assert other.config.weight == DEFAULT_WEIGHT and other.config.chosen_on is None
