@@ -283,28 +283,33 @@ def fusion_rows(results: dict, tasks: dict, models: list[str]) -> dict:
 
 
 def summarise(rr: dict, tasks: dict, weights: dict, timings: dict) -> dict:
+    """Per configuration: val MRR per task, test MRR per task with its paired difference from the task's
+    better lexical rule on test, the mean over tasks per split, and a fusion's weight."""
     from docembed.evaluation.statistics import paired_difference
 
     table = {}
     for label, by_split in rr.items():
-        row = {}
-        for split in SPLITS:
-            means = []
-            for task in tasks:
-                values = by_split[split][task]
-                cell = {"mrr": round(100 * float(values.mean()), 2), "n": len(values)}
-                lexical = max(LEXICAL, key=lambda name, t=task, s=split: rr[name][s][t].mean())
-                if label != lexical:
-                    cell[f"vs_best_lexical ({lexical})"] = paired_difference(values, rr[lexical][split][task])
-                if label != "sbert-chunks" and "sbert-chunks" in rr:
-                    cell["vs_sbert-chunks"] = paired_difference(values, rr["sbert-chunks"][split][task])
-                row[f"{task}/{split}"] = cell
-                means.append(cell["mrr"])
-            row[f"mean/{split}"] = round(float(np.mean(means)), 2)
+        row = {"val": {}, "test": {}, "mean": {}}
+        for task in tasks:
+            row["val"][task] = round(100 * float(by_split["val"][task].mean()), 2)
+            values = by_split["test"][task]
+            cell = {"mrr": round(100 * float(values.mean()), 2)}
+            lexical = max(LEXICAL, key=lambda name, t=task: rr[name]["test"][t].mean())
+            if label != lexical:
+                versus = paired_difference(values, rr[lexical]["test"][task])
+                cell["vs_lexical"] = {"rule": lexical, **{k: versus[k] for k in ("diff", "se", "changed")}}
+            row["test"][task] = cell
+        row["mean"] = {
+            "val": round(float(np.mean(list(row["val"].values()))), 2),
+            "test": round(float(np.mean([c["mrr"] for c in row["test"].values()])), 2),
+        }
         if label in weights:
             row["weight_chosen_on_val"] = weights[label]
         table[label] = row
     return {"models": table, "encode_seconds": {k: round(v, 1) for k, v in timings.items()}}
+
+
+QUICK_DOCS = 8  # `run.py --quick`: a pipeline check on the first few documents of each split
 
 
 def main(
@@ -313,8 +318,17 @@ def main(
     encoders: list[str] | None = None,
     ng_docs: int = 150,
     out: pathlib.Path = OUT,
+    quick: bool = False,
 ) -> dict:
     tasks = build_tasks(ng_docs)
+    if quick:  # checks the pipeline in minutes; its numbers mean nothing and stay beside the quick results
+        tasks = {
+            task: {split: (q[:QUICK_DOCS], c[:QUICK_DOCS]) for split, (q, c) in by_split.items()}
+            for task, by_split in tasks.items()
+        }
+        encoders = encoders or ["static", "sbert-windows"]
+        out = pathlib.Path(out_dir or WORK) / "long_retrieval.json"
+        pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     scores: dict[str, dict] = {}  # configuration -> split -> task -> score matrix
     for lexical in LEXICAL:
         for task, by_split in tasks.items():
@@ -350,7 +364,10 @@ def main(
         "threads": os.environ.get("OMP_NUM_THREADS"),
         **summarise(rr, tasks, weights, timings),
     }
-    pathlib.Path(out).write_text(json.dumps(summary, indent=1) + "\n")
+    rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.pop("models").items())
+    head = json.dumps(summary, indent=1)[:-2]  # one line per configuration keeps the file small and diffable
+    pathlib.Path(out).write_text(f'{head},\n "models": {{\n{rows}\n }}\n}}\n')
+    summary["models"] = json.loads(pathlib.Path(out).read_text())["models"]
     return summary
 
 
@@ -363,4 +380,4 @@ if __name__ == "__main__":
     chosen = args.encoders.split(",") if args.encoders else None
     result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out)
     for label, row in result["models"].items():
-        print(f"{label:50s} val {row['mean/val']:6.2f}  test {row['mean/test']:6.2f}")
+        print(f"{label:50s} val {row['mean']['val']:6.2f}  test {row['mean']['test']:6.2f}")

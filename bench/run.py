@@ -480,36 +480,34 @@ def render_speed(speed: dict) -> list[str]:
 
 def render_long_retrieval(result: dict) -> list[str]:
     """Long-document retrieval (bench_long_retrieval): test MRR per task for the lexical rules, the models
-    read whole, passage scoring and the fusions, with the paired difference from the task's best lexical
+    read whole, passage scoring and the fusions, with the paired difference from the task's better lexical
     rule; configurations and fusion weights were chosen on val."""
     models = result.get("models", {})
     if not models:
         return []
-    tasks = [key.removesuffix("/test") for key in next(iter(models.values())) if key.endswith("/test")]
-    tasks = [t for t in tasks if t != "mean"]
+    tasks = list(next(iter(models.values()))["test"])
     rows = []
     for label, row in models.items():
         cells = []
         for task in tasks:
-            cell = row.get(f"{task}/test", {})
-            versus = next((v for k, v in cell.items() if k.startswith("vs_best_lexical")), None)
-            text = format_number(cell.get("mrr"))
+            cell = row["test"][task]
+            versus = cell.get("vs_lexical")
+            text = format_number(cell["mrr"])
             cells.append(text if versus is None else f"{text} ({versus['diff']:+.1f} ± {versus['se']:.1f})")
-        rows.append(
-            [f"`{label}`", *cells, format_number(row.get("mean/val")), format_number(row.get("mean/test"))]
-        )
+        weight = row.get("weight_chosen_on_val")
+        name = f"`{label}`" + ("" if weight is None else f" w={weight}")
+        rows.append([name, *cells, format_number(row["mean"]["val"]), format_number(row["mean"]["test"])])
     data = result.get("data", {})
     sizes = "; ".join(
-        f"{task} {by_split['val']['queries']} / {by_split['test']['queries']}"
-        for task, by_split in data.items()
+        f"{task} {split['val']['queries']} / {split['test']['queries']}" for task, split in data.items()
     )
     return [
         "## Long-document retrieval",
         "",
         "Find the document a query is about (`bench/bench_long_retrieval.py`): MRR x100 on the test split, "
         "every document of the split a candidate; in brackets the paired difference from the task's better "
-        "lexical rule (tf-idf or BM25) with its standard error. Fusion weights were chosen once on all val "
-        f"tasks together. Queries val / test: {sizes}.",
+        "lexical rule on test (tf-idf or BM25) with its standard error. `w`: a fusion's weight of the model "
+        "part, chosen once on all val tasks together. Queries val / test: " + sizes + ".",
         "",
         *markdown_table(["configuration", *tasks, "mean val", "mean test"], rows),
         "",
@@ -545,8 +543,6 @@ def _machine(machine: dict | None) -> str:
 def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELOG) -> str:
     """The results page from a summary file alone (plus the hand-kept changelog)."""
     merged = json.loads(results_path.read_text())
-    older = _earlier_entries(results_path, set(merged.get("benchmarks", {})))
-    merged["benchmarks"] = {**merged.get("benchmarks", {}), **older}
     try:
         shown = results_path.relative_to(ROOT)
     except ValueError:
@@ -568,8 +564,6 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
     for name, entry in ordered:
         result = entry.get("result", {})
         origin = f"imported from {entry['imported_from']}" if entry.get("imported_from") else "run by run.py"
-        if entry.get("results_file"):  # not run again since: its newest run, from an earlier file
-            origin += f", from {entry['results_file']}"
         section = [
             f"<!-- {name}: {entry.get('seconds')} s, finished {entry.get('finished')}, "
             f"full={entry.get('full')}, {origin} -->"
@@ -591,20 +585,6 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
     if family:
         lines += ["## Family benches", "", "Each family bench's own results file, folded.", "", *family]
     return "\n".join(lines).rstrip() + "\n"
-
-
-def _earlier_entries(results_path: pathlib.Path, present: set[str]) -> dict:
-    """Benchmarks a results file does not hold, each from the newest earlier dated file beside it that does
-    (a run of a few modules keeps the page whole), marked with that file's name."""
-    found = {}
-    dated = sorted(
-        p for p in results_path.parent.glob("*.json") if re.fullmatch(r"\d{4}-\d{2}-\d{2}", p.stem)
-    )
-    for path in reversed([p for p in dated if p.stem < results_path.stem]):
-        for name, entry in json.loads(path.read_text()).get("benchmarks", {}).items():
-            if name not in present and name not in found:
-                found[name] = {**entry, "results_file": path.name}
-    return found
 
 
 def latest_results(results_dir: pathlib.Path = RESULTS_DIR) -> pathlib.Path:

@@ -40,10 +40,14 @@ DEFAULT_WEIGHT = 0.5
 # Newsgroups posts; z-score, which beat RRF there), so one default holds across kinds of text; any other
 # pair gets DEFAULT_WEIGHT. `docembed fit fusion --validation` chooses one on the user's own queries.
 VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
-    ("tfidf", "sbert-windows"): 0.65,
+    ("tfidf", "sbert-windows"): 0.65,  # the recommended long-document search
     ("bm25", "sbert-windows"): 0.75,
-    ("tfidf", "sbert"): 0.8,
+    ("tfidf", "sbert"): 0.8,  # sbert reads a long document as sbert-chunks does
     ("tfidf", "sbert-chunks"): 0.8,
+    ("bm25", "sbert"): 0.8,
+    ("bm25", "sbert-chunks"): 0.8,
+    ("tfidf", "student"): 0.7,
+    ("bm25", "student"): 0.75,
 }
 VALIDATED_ON = "the val splits of docembed's six long-document retrieval tasks (bench_long_retrieval)"
 WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))

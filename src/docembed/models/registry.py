@@ -83,7 +83,8 @@ BUILTIN: dict[str, ZooEntry] = {
     "student": ZooEntry(
         "student",
         "long-document Longformer (MiniLM, 2,048-token windows averaged over the whole document; --long "
-        "truncate: the first window only; --long late-chunks: one vector per 256 tokens of the long passes; "
+        "truncate: the first window only; --long late-chunks: one vector per 256 tokens of the long passes, "
+        "scored as passages (--passage-temperature 0.01 was best on the long-document val tasks); "
         "--max-length: longer passes) distilled from SBERT and Paragraph Vector",
         shipped=True,
     ),
