@@ -198,21 +198,18 @@ class Model:
         passage); None for an empty document. For models whose vectors are passages (sbert-windows, the
         student with long_documents="late-chunks"), the part `similarity` scores a document by."""
         from docembed.scoring import best_passages
-        from docembed.types import l2_normalize
 
         documents = list(documents)
         spans = self.encoder.passage_spans(documents)  # refuses a model without passages, before encoding
         vectors = self.encode([query, *documents])
-        docs = vectors.select(range(1, len(documents) + 1))
-        query_vectors = l2_normalize(vectors[0])
+        passages, cosines = best_passages(vectors[0], vectors.select(range(1, len(documents) + 1)))
         found = []
-        for i, j in enumerate(best_passages(vectors[0], docs)):
+        for i, (j, score) in enumerate(zip(passages, cosines, strict=True)):
             if j < 0:
                 found.append(None)
                 continue
             start, end = (int(x) for x in spans[i][j])
-            score = float((query_vectors @ l2_normalize(docs[i][j : j + 1]).T).mean())
-            found.append({"start": start, "end": end, "text": documents[i][start:end], "score": score})
+            found.append({"start": start, "end": end, "text": documents[i][start:end], "score": float(score)})
         return found
 
     def _scorer_similarity(self, a, b) -> np.ndarray:

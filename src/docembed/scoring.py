@@ -46,18 +46,20 @@ def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors, temperature: float
     return scores.astype(np.float32)
 
 
-def best_passages(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
+def best_passages(query: np.ndarray, docs: MultiVectors) -> tuple[np.ndarray, np.ndarray]:
     """Per document, which of its vectors (passages) the query (m, d) matches best: the one with the
-    highest cosine averaged over the query's vectors, as an index within the document; -1 for a document
-    with no vectors."""
-    out = np.full(len(docs), -1, dtype=np.int64)
+    highest cosine averaged over the query's vectors, as an index within the document (-1 for a document
+    with no vectors), and that cosine (NaN there)."""
+    found = np.full(len(docs), -1, dtype=np.int64)
+    cosines = np.full(len(docs), np.nan, dtype=np.float64)
     if len(query) == 0 or len(docs.vectors) == 0:
-        return out
+        return found, cosines
     sims = (l2_normalize(query) @ l2_normalize(docs.vectors).T).mean(axis=0)
     for i, (start, stop) in enumerate(zip(docs.offsets[:-1], docs.offsets[1:], strict=True)):
         if stop > start:
-            out[i] = int(np.argmax(sims[start:stop]))
-    return out
+            found[i] = int(np.argmax(sims[start:stop]))
+            cosines[i] = float(sims[start + found[i]])
+    return found, cosines
 
 
 def smooth_max_excess(sims: np.ndarray, best: np.ndarray, counts: np.ndarray, temperature: float):

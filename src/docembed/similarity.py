@@ -102,10 +102,11 @@ def rerank_rows(
             else:
                 scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), model.passage_temperature)
             key = "id" if by_id else "text"
-            ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in rank(scores)]
+            order = rank(scores)
+            ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order]
             if spans is not None:
-                best = best_passages(_take(vectors, q)[0], _gather(vectors, c))
-                for entry, i in zip(ranking, rank(scores), strict=True):
+                best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c))
+                for entry, i in zip(ranking, order, strict=True):
                     entry["passage"] = spans[c[i]][best[i]].tolist() if best[i] >= 0 else None
             yield {("source" if by_id else "query"): query_key, "ranking": ranking}
 

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections import Counter
@@ -56,7 +57,6 @@ def tokenize(text: str, lowercase: bool = True, scheme: str = "ptb-v1") -> list[
 #: "english" keeps runs of word characters, drops scikit-learn's English stopwords and reduces each word to
 #: its Snowball (Porter 2) stem with PyStemmer, so "launch", "launches" and "launched" are one term.
 ANALYZERS = ("plain", "english")
-_STEMMERS: dict[str, object] = {}
 
 
 def analyze(text: str, analyzer: str = "plain", lowercase: bool = True) -> list[str]:
@@ -67,13 +67,15 @@ def analyze(text: str, analyzer: str = "plain", lowercase: bool = True) -> list[
         raise CorruptModelError(f"unknown analyzer {analyzer!r} (this version has {', '.join(ANALYZERS)})")
     from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
 
-    stemmer = _STEMMERS.get("english")
-    if stemmer is None:
-        import Stemmer  # PyStemmer: the Snowball stemmers, in C
-
-        stemmer = _STEMMERS["english"] = Stemmer.Stemmer("english")
     words = [w for w in _PATTERNS["lower-words-v1"].findall(text.lower()) if w not in ENGLISH_STOP_WORDS]
-    return stemmer.stemWords(words)
+    return _english_stemmer().stemWords(words)
+
+
+@functools.cache
+def _english_stemmer():
+    import Stemmer  # PyStemmer: the Snowball stemmers, in C
+
+    return Stemmer.Stemmer("english")
 
 
 def split_sentences(text: str) -> list[str]:
