@@ -12,7 +12,7 @@ LAYERS = [
     {"text", "losses", "scoring"},
     {"io", "datasets"},
     {"models", "zoo", "faiss_index"},
-    {"training", "encoding", "parallel"},
+    {"training", "encoding", "parallel", "remote"},
     {"evaluation", "engines", "zoo.export", "similarity", "api", "server"},
     {"cli", "__main__", "__init__", "integrations"},
 ]

@@ -270,7 +270,9 @@ def test_an_index_recording_an_old_absolute_zoo_path_still_finds_its_model(capfd
     assert result.code == 0, result.err
     assert len(json.loads(result.out)["results"]) == 2
     result = invoke(capfd, "search", index, "--query", "w1", "-m", "/gone/elsewhere/static")
-    assert result.code == 1 and "unknown model" in one_line_error(result.err)  # only zoo paths are forgiven
+    assert result.code == 1 and "no model folder /gone/elsewhere/static" in one_line_error(
+        result.err
+    )  # only zoo paths are forgiven
 
 
 # --- the README's Makefile, run -----------------------------------------------------------------------------

@@ -62,7 +62,10 @@ def test_health_says_what_is_served(served):
     status, body = _ask(url, "/health")
     assert status == 200
     expected = {"model": "glove-avg", "family": "glove-avg", "dim": 50, "multi_vector": False, "documents": 4}
-    assert body == expected
+    assert {key: body[key] for key in expected} == expected
+    # what a remote client needs to write what `encode` writes (#47): the model's settings and metadata
+    assert body["normalized"] is False and body["passage_temperature"] == 0.0 and body["max_tokens"] is None
+    assert body["metadata"]["model"] == "glove-avg" and body["metadata"]["config_hash"]
 
 
 def test_encode_and_similarity_equal_the_python_api(served):

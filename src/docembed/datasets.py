@@ -89,6 +89,14 @@ class Corpus:
             else:
                 yield DocumentReader(source, self.format, self.id_field, self.text_field, self.skip_invalid)
 
+    def check(self) -> Corpus:
+        """Read each source's first record now (a missing file, a wrong format or field fails before a
+        model loads or training starts); returns the corpus."""
+        for reader in self.readers():
+            if isinstance(reader, DocumentReader):
+                reader.check()
+        return self
+
     def _is_data_set(self, source: str) -> bool:
         if source == "-" or Path(source).exists():
             return False

@@ -162,6 +162,9 @@ def model_identity(model) -> str:
     """A key for 'this model with these weights and this fitted state': its metadata (name, family, config
     hash), where it was loaded from with the size and mtime of each file there (so retraining into the same
     folder changes it), what it was fitted on, and its maximum input length."""
+    remote = getattr(model, "identity", None)  # a served model (remote.RemoteEncoder): the server's key
+    if isinstance(remote, str):
+        return remote
     parts = dict(model.metadata()) if hasattr(model, "metadata") else {"model": type(model).__qualname__}
     parts.pop("docembed_version", None)
     source = getattr(model, "source", None)

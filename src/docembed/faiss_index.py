@@ -9,6 +9,11 @@ document; a query's vectors each fetch their nearest vectors, the documents they
 candidates, and candidates are rescored exactly with mean-MaxSim over the vectors as faiss holds them (read
 back from index.faiss at load time: stored once; indexes before 2026-11-25 kept a copy in vectors.npy).
 On a machine with faiss-gpu and `--device cuda`, search runs on the GPU.
+
+An index remembers what `index add` and `index remove` changed since it was built (changes.json, plus the
+ids of the segments meta.json names), so that a rebuild from the embeddings file can tell it would undo
+them (`changes_since_build`). meta.json is replaced on every change, so its stamp (`index_stamp`) tells a
+reader such as `serve` that the index changed on disk.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import json
 import math
 import shutil
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -113,9 +119,51 @@ def _held(index, start: int = 0) -> np.ndarray:
     return index.reconstruct_n(start, index.ntotal - start).astype(np.float32)
 
 
+@dataclass
+class IndexChanges:
+    """What `add` and `remove` did to an index since it was built: the ids added (in order) and the ids
+    removed. An id removed and added again counts as added; one added and removed again as removed (a
+    rebuild from a file still holding it would bring it back)."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.removed)
+
+    def record_added(self, ids: Sequence[str]) -> None:
+        back = set(ids)
+        if self.removed and back & set(self.removed):
+            self.removed = [i for i in self.removed if i not in back]
+        self.added.extend(ids)
+
+    def record_removed(self, ids: Iterable[str]) -> None:
+        gone = list(dict.fromkeys(ids))
+        dropped = set(gone)
+        self.added = [i for i in self.added if i not in dropped]
+        known = set(self.removed)
+        self.removed.extend(i for i in gone if i not in known)
+
+    def undone_by(self, ids: Iterable[str]) -> tuple[list[str], list[str]]:
+        """What a rebuild from a set holding `ids` would undo: (added ids it lacks, removed ids it holds)."""
+        have = set(ids)
+        return [i for i in self.added if i not in have], [i for i in self.removed if i in have]
+
+
+CHANGES_NAME = "changes.json"
+
+
 class VectorIndex:
-    def __init__(self, index, ids: list[str], metadata: dict, multi: MultiVectors | None = None):
+    def __init__(
+        self,
+        index,
+        ids: list[str],
+        metadata: dict,
+        multi: MultiVectors | None = None,
+        changes: IndexChanges | None = None,
+    ):
         self.index, self.ids, self.metadata, self.multi = index, ids, metadata, multi
+        self.changes = changes if changes is not None else IndexChanges()
         self._doc_of_vector = None
         self._rows: dict[str, int] | None = None  # id -> row, built when first needed (scores_of)
         if multi is not None:
@@ -190,6 +238,7 @@ class VectorIndex:
             return
         _check_addition(embeddings, self.ids, self.metadata, self.index.d, self.multi is not None)
         self._append(_normalized(embeddings), list(embeddings.ids))
+        self.changes.record_added(list(embeddings.ids))
 
     def _append(self, data: Vectors, ids: list[str]) -> None:
         """faiss adds the (normalised) vectors; ids and the multi-vector rows follow."""
@@ -231,11 +280,34 @@ class VectorIndex:
             if not compact:
                 cls._write_segment(directory, metadata, embeddings, len(ids))
         if compact:  # the whole index rewritten, all or nothing, as `index remove` writes it
-            index = cls.load(directory)
-            index.add(embeddings)
+            # loaded under the lock: an add committed by another process meanwhile is kept, not overwritten
             with directory_output(directory, INDEX_DIRECTORY, overwrite=True) as staging:
+                index = cls.load(directory)
+                index.add(embeddings)
                 index.save(staging)
         return compact
+
+    @classmethod
+    def remove_saved(
+        cls, directory: str | Path, ids: Iterable[str], inputs: Sequence[str | Path] = ()
+    ) -> tuple[int, int]:
+        """Remove the documents with these ids from the index saved in `directory` (unknown ids are
+        ignored), rewriting it all or nothing; returns (how many went, how many are left). Loaded under the
+        write lock, so an add committed by another process meanwhile is not lost."""
+        directory = Path(directory)
+        if not (directory / "index.faiss").exists():
+            raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
+        wanted = list(ids)
+        try:
+            with directory_output(directory, INDEX_DIRECTORY, overwrite=True, inputs=inputs) as staging:
+                index = cls.load(directory)
+                removed = index.remove(wanted)
+                if not removed:  # leave the folder untouched: no swap for nothing
+                    raise _Unchanged(len(index.ids))
+                index.save(staging)
+        except _Unchanged as unchanged:
+            return 0, unchanged.left
+        return removed, len(index.ids)
 
     @staticmethod
     def _write_segment(directory: Path, metadata: dict, embeddings: EmbeddingSet, count: int) -> None:
@@ -275,6 +347,7 @@ class VectorIndex:
             rows = keep
             vectors = None
         self.index = _without_rows(self.index, rows, vectors)
+        self.changes.record_removed(i for i, k in zip(self.ids, keep, strict=True) if not k)
         self.ids = [i for i, k in zip(self.ids, keep, strict=True) if k]
         self.metadata["count"] = len(self.ids)
         self._rows = None
@@ -309,13 +382,19 @@ class VectorIndex:
 
     def recorded_model(self) -> str | None:
         """The model the index was built with, as its metadata records it (a saved model's path first)."""
-        return self.metadata.get("model_source") or self.metadata.get("model")
+        return _model_in(self.metadata)
 
-    def _row(self, doc_id: str) -> int:
+    def __contains__(self, doc_id: object) -> bool:
+        return doc_id in self._row_of()
+
+    def _row_of(self) -> dict[str, int]:
         if self._rows is None:
             self._rows = {doc_id: row for row, doc_id in enumerate(self.ids)}
+        return self._rows
+
+    def _row(self, doc_id: str) -> int:
         try:
-            return self._rows[doc_id]
+            return self._row_of()[doc_id]
         except KeyError:
             raise DocembedError(f"id {doc_id!r} is not in the index") from None
 
@@ -341,6 +420,12 @@ class VectorIndex:
         if self.multi is not None:  # the vectors themselves are index.faiss's (`_held` at load time)
             np.save(directory / "offsets.npy", self.multi.offsets)
         shutil.rmtree(directory / SEGMENTS, ignore_errors=True)  # index.faiss holds their vectors now
+        if self.changes:
+            changes = {"added": self.changes.added, "removed": self.changes.removed}
+            # ASCII with escapes, as ids.json: every id comes back exactly
+            (directory / CHANGES_NAME).write_text(json.dumps(changes) + "\n", encoding="ascii")
+        else:
+            (directory / CHANGES_NAME).unlink(missing_ok=True)
         metadata = {key: value for key, value in self.metadata.items() if key != "segments"}
         (directory / "meta.json").write_text(json.dumps(metadata, indent=2) + "\n", encoding="utf-8")
 
@@ -356,10 +441,12 @@ class VectorIndex:
         multi = _read_multi(directory, index) if (directory / "offsets.npy").exists() else None
         _check_counts(directory, index, ids, metadata, multi)
         _check_stored_vectors(directory, index, multi)
-        loaded = cls(index, ids, metadata, multi)
+        loaded = cls(index, ids, metadata, multi, _read_changes(directory))
         # appended by `append_saved`: faiss adds them now
         for folder in _segment_folders(directory, metadata):
-            loaded._append(*_read_segment(folder, multi is not None, index.d))
+            data, added = _read_segment(folder, multi is not None, index.d)
+            loaded._append(data, added)
+            loaded.changes.record_added(added)
         return loaded
 
     def _check_queries(self, queries: Vectors) -> None:
@@ -375,6 +462,64 @@ class VectorIndex:
         values = queries.vectors if isinstance(queries, MultiVectors) else np.asarray(queries)
         if not np.isfinite(values).all():
             raise DocembedError("a query embedding holds NaN or infinite values")
+
+
+class _Unchanged(Exception):
+    """`remove_saved` found none of the ids: nothing to write."""
+
+    def __init__(self, left: int):
+        super().__init__(left)
+        self.left = left
+
+
+# --- what changed since the build, and whether the index changed on disk -------------------------------
+def _read_changes(directory: Path) -> IndexChanges:
+    path = directory / CHANGES_NAME
+    if not path.exists():  # built and never changed, or saved before the index kept its changes
+        return IndexChanges()
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+        added, removed = recorded["added"], recorded["removed"]
+        if not all(isinstance(i, str) for i in [*added, *removed]):
+            raise ValueError("expected lists of ids")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise DocembedError(f"cannot read {path}: {error}") from None
+    return IndexChanges(list(added), list(removed))
+
+
+def changes_since_build(directory: str | Path) -> IndexChanges | None:
+    """What `index add` / `index remove` changed in the vector index saved in `directory` since it was
+    built, read without loading its vectors; None where `directory` holds no vector index."""
+    directory = Path(directory)
+    if not (directory / "index.faiss").is_file() or is_bm25_dir(directory):
+        return None
+    metadata = _read_index_meta(directory / "meta.json")
+    changes = _read_changes(directory)
+    for folder in _segment_folders(directory, metadata):
+        changes.record_added(read_ids(folder))
+    return changes
+
+
+def _model_in(metadata: dict) -> str | None:
+    return metadata.get("model_source") or metadata.get("model")
+
+
+def recorded_model_of(directory: str | Path) -> str | None:
+    """The model the index saved in `directory` was built with, read from its meta.json alone."""
+    directory = Path(directory)
+    if not (directory / "index.faiss").exists():
+        raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
+    return _model_in(_read_index_meta(directory / "meta.json"))
+
+
+def index_stamp(directory: str | Path) -> tuple[int, int, int] | None:
+    """A cheap stamp of the index saved in `directory` (None: no meta.json, e.g. mid-swap): every change
+    (build, add, remove, compaction) replaces meta.json last, so a new stamp means another index."""
+    try:
+        info = (Path(directory) / "meta.json").stat()
+    except OSError:
+        return None
+    return info.st_ino, info.st_mtime_ns, info.st_size
 
 
 # --- appended segments ----------------------------------------------------------------------------------
@@ -563,7 +708,7 @@ BM25_WEIGHTS = "bm25_weights.npz"
 BM25_TERMS = "bm25_terms.json"
 # Every name an index folder may hold: a rebuild keeps no other file, so a folder with one is refused.
 _INDEX_FILES = frozenset(
-    ("index.faiss", "meta.json", "offsets.npy", "vectors.npy", IDS_NAME, OLD_IDS_NAME, SEGMENTS)
+    ("index.faiss", "meta.json", "offsets.npy", "vectors.npy", IDS_NAME, OLD_IDS_NAME, SEGMENTS, CHANGES_NAME)
     + (BM25_WEIGHTS, BM25_TERMS)
 )
 
@@ -735,3 +880,66 @@ def fused_search(
         order = np.argsort(-fused, kind="stable")[:k]
         results.append([(candidates[j], float(fused[j])) for j in order])
     return results
+
+
+# --- what `search` and `serve` share: the hybrid checks, one search call, texts beside the hits -----------
+def hybrid_fusion(encoder, lexical: BM25Index | None):
+    """The fusion to search with (None: a plain vector search), after the checks that make a hybrid search
+    mean what it says: `encoder` is the loaded -m model, `lexical` the --lexical-index. The query vectors
+    come from the fusion's model part (`fusion.model`); the lexical scores from `lexical`."""
+    if lexical is None:
+        if getattr(encoder, "scorer_only", False):  # bm25, or a fusion without its lexical index
+            raise UsageError(
+                f"{encoder.name} scores query/document pairs: search with its model part (or, for a fusion, "
+                "give --lexical-index BM25_INDEX for hybrid search), or `docembed rerank -m` the hits with it"
+            )
+        return None
+    if encoder.family != "fusion":
+        raise UsageError("--lexical-index needs -m LEXICAL+MODEL (e.g. bm25+sbert) or a fitted fusion folder")
+    if encoder.lexical.family != "bm25":
+        raise UsageError(
+            f"hybrid search fuses a bm25 index: {encoder.name}'s lexical part is {encoder.lexical.family}"
+        )
+    return encoder
+
+
+def search_queries(
+    vectors: VectorIndex,
+    query_texts: Sequence[str],
+    query_vectors: Vectors,
+    k: int = 10,
+    lexical: BM25Index | None = None,
+    fusion=None,
+    depth: int = 100,
+) -> list[list[tuple[str, float]]]:
+    """Top-k (id, score) per query: fused with `lexical` (each index's top max(depth, k) hits) when a
+    fusion is given (`hybrid_fusion`), else the vector index's own search."""
+    if fusion is None:
+        return vectors.search(query_vectors, k)
+    return fused_search(vectors, lexical, query_texts, query_vectors, fusion, k, max(depth, k))
+
+
+def corpus_texts(
+    corpus: str | Path, wanted: set[str] | None = None, id_field: str = "id", text_field: str = "text"
+) -> dict[str, str]:
+    """id -> text of the documents of `corpus` (.jsonl/.tsv/.txt/parquet), read once; only the `wanted`
+    ids when given. An id that repeats keeps its last text."""
+    from docembed.io.readers import DocumentReader
+
+    texts = {}
+    for document in DocumentReader(str(corpus), None, id_field, text_field, False):
+        if wanted is None or document.id in wanted:
+            texts[document.id] = document.text
+    return texts
+
+
+def attach_texts(rows: list[dict], texts: Mapping[str, str]) -> set[str]:
+    """Give every hit of `rows` (search rows: {"results": [{"id", "score"}]}) its "text" (None where
+    `texts` lacks its id); returns the ids without a text."""
+    missing = set()
+    for row in rows:
+        for hit in row["results"]:
+            hit["text"] = texts.get(hit["id"])
+            if hit["text"] is None:
+                missing.add(hit["id"])
+    return missing

@@ -22,6 +22,7 @@ class Settings:
     quiet: bool = False
     verbose: bool = False
     progress: bool | None = None  # None: bars when stderr is a terminal (the Python API may force them)
+    server: str | None = None  # a running `docembed serve` that commands use as their model (--server)
 
 
 settings = Settings()

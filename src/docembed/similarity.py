@@ -145,13 +145,20 @@ def _gather(vectors: Vectors, indices: list[int]) -> Vectors:
     return vectors[np.asarray(indices, dtype=np.int64)]
 
 
+def check_row(row: dict, docs: dict[str, str] | None, source: str, line_number: int) -> None:
+    """A rerank row's shape, as reranking reads it: an InputFormatError naming the line."""
+    _resolve(row, docs, source, line_number)
+
+
 def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: int):
     candidates = row.get("candidates")
     if not isinstance(candidates, list) or not candidates:
         raise InputFormatError(source, line_number, "'candidates' must be a non-empty list")
     if "source" in row:
         if docs is None:
-            raise InputFormatError(source, line_number, "rows with 'source' ids need --docs")
+            raise InputFormatError(
+                source, line_number, "rows with 'source' ids need --docs FILE (the documents' texts)"
+            )
         keys = [str(row["source"]), *map(str, candidates)]
         missing = [k for k in keys if k not in docs]
         if missing:

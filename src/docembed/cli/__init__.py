@@ -59,11 +59,22 @@ def root(
     seed: int = typer.Option(0, "--seed", help="Seed for every random choice (shuffles, init, sampling)."),
     quiet: bool = typer.Option(False, "-q", "--quiet", help="No progress bars or informational messages."),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="More detail on stderr."),
+    server: str = typer.Option(
+        None,
+        "--server",
+        envvar="DOCEMBED_SERVER",
+        help="URL of a running `docembed serve`: commands use its model instead of loading one (the same "
+        "outputs, without the load; -m must name the served model).",
+    ),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print version."),
 ) -> None:
+    # these go before or after the command: main() moves them (global_options_first)
     if device not in ("auto", "cpu", "cuda") and not device.startswith("cuda:"):
         raise typer.BadParameter("expected auto, cpu, cuda or cuda:N", param_hint="--device")
+    if server is not None and not server.startswith(("http://", "https://")):
+        raise typer.BadParameter(f"expected an http:// URL, got {server!r}", param_hint="--server")
     settings.device, settings.seed, settings.quiet, settings.verbose = device, seed, quiet, verbose
+    settings.server = server or None
     from docembed.runtime import seed_everything
 
     seed_everything(seed)
@@ -116,7 +127,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, on_interrupt)
     try:
-        code = app(standalone_mode=False)
+        code = app(args=global_options_first(sys.argv[1:]), standalone_mode=False)
         if code == 130:  # typer turns Ctrl-C inside a command into exit code 130
             print("docembed: interrupted", file=sys.stderr)
     except ClickException as error:  # bad option or argument: usage error, exit 2
@@ -154,6 +165,54 @@ def main() -> None:
     except RecursionError:  # a reader missed a deeply nested value: still no traceback
         code = _fail("input nested too deeply to read", 1)
     sys.exit(code or 0)
+
+
+# The root's options: those without a value, and those that take one.
+GLOBAL_FLAGS = frozenset({"-q", "--quiet", "-v", "--verbose"})
+GLOBAL_WITH_VALUE = frozenset({"--device", "--seed", "--server"})
+
+
+def global_options_first(args: list[str]) -> list[str]:
+    """`args` with the root's options that follow the command moved before it (`encode x -q` reads as
+    `-q encode x`), unless the command has an option of that name itself (evaluate's --seed) or they
+    follow `--`."""
+    start = 0
+    while start < len(args) and args[start].startswith("-"):  # the root's own options, then the command
+        start += 2 if args[start] in GLOBAL_WITH_VALUE else 1
+    globals_ = GLOBAL_FLAGS | GLOBAL_WITH_VALUE
+    rest = args[start + 1 :]
+    if start >= len(args) or not any(a.split("=", 1)[0] in globals_ for a in rest):
+        return args
+    own = _command_options(args[start])
+    moved, kept, index = [], [], 0
+    while index < len(rest):
+        arg, name = rest[index], rest[index].split("=", 1)[0]
+        if arg == "--":
+            kept += rest[index:]
+            break
+        if name in own or name not in globals_:
+            kept.append(arg)
+        elif name in GLOBAL_WITH_VALUE and "=" not in arg and index + 1 < len(rest):
+            moved += rest[index : index + 2]
+            index += 1
+        else:
+            moved.append(arg)
+        index += 1
+    return args[:start] + moved + [args[start]] + kept
+
+
+def _command_options(name: str) -> set[str]:
+    """Every option name of command `name` (of all its subcommands, for a group like `index`)."""
+    command = typer.main.get_command(app)
+    found, stack = set(), [command.commands.get(name)] if hasattr(command, "commands") else []
+    while stack:
+        current = stack.pop()
+        if current is None:
+            continue
+        for param in getattr(current, "params", []):
+            found.update(getattr(param, "opts", []) + getattr(param, "secondary_opts", []))
+        stack.extend(getattr(current, "commands", {}).values())
+    return found
 
 
 class _ClosedStream(io.TextIOBase):

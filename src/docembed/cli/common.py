@@ -30,16 +30,59 @@ DATA_ROOT = typer.Option(
 
 
 def reader(path, format, id_field, text_field, skip_invalid, shard=None):
+    """The documents of an input, its first record already read: a missing file, a wrong format or field
+    is reported now, before a model loads."""
     from docembed.io.readers import DocumentReader, Shard
 
-    return DocumentReader(path, format, id_field, text_field, skip_invalid, Shard.parse(shard))
+    documents = DocumentReader(path, format, id_field, text_field, skip_invalid, Shard.parse(shard))
+    documents.check()
+    return documents
+
+
+def resolve(model: str):
+    """What a model spec is (a built-in, a folder, a hub id, a fusion), found before anything loads: a
+    mistake fails in a fraction of a second. With --server the served model is used instead (see load)."""
+    from docembed.runtime import settings
+
+    if settings.server:
+        return None
+    from docembed.models.registry import resolve_model
+
+    return resolve_model(model)
 
 
 def load(model: str):
+    """The model for a command: the one a running `docembed serve` holds when --server (DOCEMBED_SERVER)
+    is set, else `model` loaded here."""
+    from docembed.runtime import resolve_device, settings
+
+    if settings.server:
+        from docembed.remote import RemoteEncoder
+
+        return RemoteEncoder.connect(settings.server, expected=model)
     from docembed.models.registry import load_model
-    from docembed.runtime import resolve_device
 
     return load_model(model, device=resolve_device())
+
+
+def check_jsonl_fields(path: str, fields: tuple[str, ...], hint: str = "") -> tuple[int, dict] | None:
+    """(line number, first row) of a JSON Lines input, read before a model loads, with each of `fields`
+    checked to be a string: a wrong file or field name fails at once, naming the line."""
+    from docembed.errors import InputFormatError
+    from docembed.io.readers import json_record, peek_first_line
+
+    first = peek_first_line(path)
+    if first is None:
+        return None
+    raw, index = first
+    row = json_record(raw, path, index + 1)
+    for field in fields:
+        if not isinstance(row.get(field), str):
+            have = ", ".join(row) or "none"
+            raise InputFormatError(
+                path, index + 1, f"field {field!r} missing or not a string (fields: {have}){hint}"
+            )
+    return index + 1, row
 
 
 OUTPUT_JSONL = typer.Option(

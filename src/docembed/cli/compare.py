@@ -38,6 +38,7 @@ def similarity(
 
     if (pairs is None) == (not texts):
         raise UsageError("give exactly two texts, or --pairs FILE")
+    common.resolve(model)
     if pairs is None:
         if len(texts) != 2:
             raise UsageError(f"similarity compares two texts, got {len(texts)}")
@@ -47,6 +48,8 @@ def similarity(
             handle.write(f"{score:.6f}\n")
         return
     common.check_text_output(output, overwrite, [pairs])
+    hint = "; choose them with --left-field/--right-field"
+    common.check_jsonl_fields(pairs, (left_field, right_field), hint)
     encoder = common.load(model)
     rows = iter_jsonl_lines(pairs)
     with common.text_output(output, overwrite, [pairs]) as handle:
@@ -125,7 +128,13 @@ def rerank(
     inputs = [tasks, docs] if docs else [tasks]
     check_output_path(output, overwrite, inputs)
     check_not_inside(output, [model])  # a model folder's own files
+    common.resolve(model)
     doc_texts = _read_docs(docs, id_field, text_field) if docs else None
+    first = common.check_jsonl_fields(tasks, ())
+    if first is not None:  # the first row's shape (ids need --docs, and those ids), before the model loads
+        from docembed.similarity import check_row
+
+        check_row(first[1], doc_texts, tasks, first[0])
     encoder = common.load(model)
     if passages and not (encoder.supports("passages") and encoder.multi_vector):
         raise UsageError(

@@ -36,6 +36,8 @@ def distill_static(
 
     from docembed.datasets import Corpus
     from docembed.errors import UsageError
+
+    texts = Corpus(corpus, text_field=text_field, root=data_root).check()  # before the teacher loads
     from docembed.io.outputs import directory_output
     from docembed.models.base import MODEL_DIRECTORY
     from docembed.models.static import StaticConfig
@@ -58,7 +60,6 @@ def distill_static(
         sif_a=sif_a,
         weights_corpus=",".join(corpus),
     )
-    texts = Corpus(corpus, text_field=text_field, root=data_root)
     files = [source for source in corpus if Path(source).exists()]  # the others are data set names
     with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=files) as staging:
         static_distill.distill_static(config, texts, seed=settings.seed).save(staging)

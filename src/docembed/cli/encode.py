@@ -136,6 +136,8 @@ def encode(
     """
     from docembed.errors import UsageError
 
+    if not fit:  # a model that is nothing fails now; --fit makes the model first
+        common.resolve(model)
     ray_flags = {
         "address": address,
         "num_workers": num_workers,
@@ -190,6 +192,8 @@ def encode(
     from docembed.models.base import EncodeSettings
     from docembed.runtime import log
 
+    if reuse and output != "-" and _same_file(reuse, output):
+        overwrite = True  # `--reuse docs.npy -o docs.npy` updates the file it reads: that is the point
     check_output_path(output, overwrite, inputs=[input])
     check_not_inside(output, [model, reuse])  # a model folder's or a --reuse shard folder's own files
     check_storage(output, output_format, storage)
@@ -272,6 +276,15 @@ def _encode_reusing(encoder, documents, reuse, batch_size, total, coverage, stor
     return embeddings
 
 
+def _same_file(a: str, b: str) -> bool:
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def refuse_non_finite(embeddings, model: str) -> None:
     """NaN or infinite vectors (damaged weights, an overflow) score nothing: never written as an output."""
     import numpy as np
@@ -325,7 +338,7 @@ def _fit_beside(name, input, output, format, id_field, text_field, skip_invalid,
     # only if it is a docembed model (fit_family swaps the new one in, all or nothing)
     check_output(target, overwrite, directory=True, inputs=[input], kind=MODEL_DIRECTORY)
     command = FIT_COMMANDS[name].replace("CORPUS", input).replace("DIR", str(target))
-    log(f"--fit: fitting {name} as `{command}` would")
+    log(f"--fit: fitting {name} on {input}, as `{command}` does")
     corpus = common.reader(input, format, id_field, text_field, skip_invalid)
     fit_family(name, corpus, target, seed=settings.seed, device=settings.device)
     return str(target)

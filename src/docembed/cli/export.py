@@ -21,6 +21,8 @@ def export(
     Example: docembed export sbert -o minilm-st   (then SentenceTransformer("minilm-st") in Python)
     """
     from docembed.errors import UsageError
+
+    common.resolve(model)  # before torch: a wrong model fails at once
     from docembed.io.outputs import check_output, directory_output
     from docembed.models.sbert import SENTENCE_TRANSFORMERS_DIRECTORY
     from docembed.runtime import log

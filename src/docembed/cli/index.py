@@ -47,6 +47,10 @@ def build(
 ) -> None:
     """Build a faiss index (with ids) over dense or multi-vector embeddings.
 
+    An existing index is replaced with --overwrite, or when EMBEDDINGS is newer than it; a rebuild that
+    would undo what `index add` / `index remove` changed since it was built (added documents EMBEDDINGS
+    lacks, removed ones it still holds) is refused unless --overwrite says to rebuild from EMBEDDINGS alone.
+
     Example: docembed index build docs.npy -o docs.index && docembed search docs.index --query "cats"
     """
     from docembed.errors import DocembedError, UsageError
@@ -74,8 +78,11 @@ def build(
                 "pass --allow-duplicate-ids to index them anyway"
             )
         log(f"warning: {message}")
+    _refuse_undoing_changes(output, embeddings, emb.ids, overwrite)
     index = VectorIndex.build(emb, kind, storage)
     with directory_output(output, INDEX_DIRECTORY, overwrite, inputs=[embeddings]) as staging:
+        # again, under the write lock: an `index add` may have committed while the index was built
+        _refuse_undoing_changes(output, embeddings, emb.ids, overwrite, warn=False)
         index.save(staging)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
     log(f"indexed {what} ({kind}, {storage}) -> {output}")
@@ -98,9 +105,49 @@ def _build_bm25(corpus, output, overwrite, allow_duplicate_ids, id_field, text_f
             f"{corpus}: {duplicates} duplicate id(s): search would return one document twice; "
             "pass --allow-duplicate-ids to index them anyway"
         )
+    _refuse_undoing_changes(output, corpus, index.ids, overwrite)
     with directory_output(output, INDEX_DIRECTORY, overwrite, inputs=[corpus]) as staging:
+        _refuse_undoing_changes(output, corpus, index.ids, overwrite, warn=False)
         index.save(staging)
     log(f"indexed {len(index.ids)} documents (bm25, {len(index.terms)} terms) -> {output}")
+
+
+def _refuse_undoing_changes(output, source, ids, overwrite: bool, warn: bool = True) -> None:
+    """A rebuild of `output` from `source` (holding `ids`) that would undo what `index add` / `index remove`
+    changed since the index was built is refused: staleness (make's rule) says the input changed, not that
+    those documents should go. --overwrite is the explicit "from `source` alone": then a warning."""
+    from docembed.errors import DocembedError
+    from docembed.faiss_index import changes_since_build
+    from docembed.runtime import log
+
+    changes = changes_since_build(output)
+    dropped, revived = changes.undone_by(ids) if changes else ([], [])
+    if not dropped and not revived:
+        return
+    added = (
+        f"{len(dropped)} document(s) added with `index add` since it was built (first: {dropped[0]!r}) "
+        f"that {source} lacks"
+        if dropped
+        else ""
+    )
+    removed = (
+        f"{len(revived)} document(s) removed with `index remove`{'' if dropped else ' since it was built'} "
+        f"(first: {revived[0]!r}) that {source} still holds"
+        if revived
+        else ""
+    )
+    if dropped and revived:
+        what, undo, fix = f"holds {added}, and lacks {removed}", "undo both", f"bring {source} up to date"
+    elif dropped:
+        what, undo, fix = f"holds {added}", "drop them", f"encode them into {source}"
+    else:
+        what, undo, fix = f"lacks {removed}", "bring them back", f"take them out of {source}"
+    message = f"{output} {what}: a rebuild from {source} would {undo}"
+    if overwrite:
+        if warn:
+            log(f"warning: {message} (--overwrite: rebuilding from {source} alone)")
+        return
+    raise DocembedError(f"{message}; pass --overwrite to rebuild from {source} alone, or {fix} first")
 
 
 def _refuse_bm25(index: str) -> None:
@@ -151,8 +198,7 @@ def remove(
     """
     import sys
 
-    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
-    from docembed.io.outputs import directory_output
+    from docembed.faiss_index import VectorIndex
     from docembed.runtime import log
 
     if ids == "-":
@@ -162,15 +208,10 @@ def remove(
             lines = handle.read().split("\n")
     wanted = [line.removesuffix("\r") for line in lines if line.strip()]
     _refuse_bm25(index)
-    vector_index = VectorIndex.load(index)
-    removed = vector_index.remove(wanted)
-    if removed:
-        inputs = [] if ids == "-" else [ids]
-        with directory_output(index, INDEX_DIRECTORY, overwrite=True, inputs=inputs) as staging:
-            vector_index.save(staging)
+    removed, left = VectorIndex.remove_saved(index, wanted, inputs=[] if ids == "-" else [ids])
     unknown = len(set(wanted)) - removed
     note = f" ({unknown} id(s) not in the index)" if unknown else ""
-    log(f"removed {removed} documents from {index} ({len(vector_index.ids)} left){note}")
+    log(f"removed {removed} documents from {index} ({left} left){note}")
 
 
 def _counts(ids):
@@ -220,7 +261,7 @@ def search(
     import json
 
     from docembed.errors import UsageError
-    from docembed.faiss_index import BM25Index, VectorIndex, fused_search, is_bm25_dir
+    from docembed.faiss_index import BM25Index, VectorIndex, hybrid_fusion, is_bm25_dir, search_queries
     from docembed.io.readers import batched
     from docembed.io.runs import check_output_format, hit_rows, trec_lines
     from docembed.runtime import resolve_device
@@ -241,10 +282,20 @@ def search(
     if vector_index is not None and resolve_device().startswith("cuda"):
         vector_index.to_gpu()
 
+    # before any model loads: the query file's first record, the corpus of --text-from, the model spec
+    query_reader = common.reader(queries, queries_format, id_field, text_field, False) if queries else None
+    if text_from:
+        common.reader(text_from, None, id_field, text_field, False)
+    spec = None
+    if vector_index is not None and (query or queries):
+        spec = model or vector_index.recorded_model()
+        if not spec:
+            raise UsageError("the index does not record its model: pass --model")
+        common.resolve(spec)
+
     def query_items():
-        if queries:
-            reader = common.reader(queries, queries_format, id_field, text_field, False)
-            return ((d.id, d.text) for d in reader)
+        if query_reader is not None:
+            return ((d.id, d.text) for d in query_reader)
         return ((str(i), text) for i, text in enumerate(query or []))
 
     def rows():
@@ -258,22 +309,16 @@ def search(
                 for (qid, text), hits in zip(chunk, bm25.search_texts([t for _, t in chunk], k), strict=True):
                     yield {"query_id": qid, "query": text, "results": hit_rows(hits)}
             return
-        spec = model or vector_index.recorded_model()
-        if not spec:
-            raise UsageError("the index does not record its model: pass --model")
         from docembed.encoding import encode_texts
 
         encoder = common.load(spec)
-        fusion = _fusion_for(encoder, lexical)
+        fusion = hybrid_fusion(encoder, lexical)
         if fusion is not None:
             encoder = fusion.model  # the query vectors; the lexical part's scores come from --lexical-index
         for chunk in batched(query_items(), 256):
             texts = [text for _, text in chunk]
             vectors = encode_texts(encoder, texts, batch_size=batch_size)
-            if fusion is not None:
-                found = fused_search(vector_index, lexical, texts, vectors, fusion, k, max(depth, k))
-            else:
-                found = vector_index.search(vectors, k)
+            found = search_queries(vector_index, texts, vectors, k, lexical, fusion, depth)
             for (qid, text), hits in zip(chunk, found, strict=True):
                 yield {"query_id": qid, "query": text, "results": hit_rows(hits)}
 
@@ -288,39 +333,13 @@ def search(
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
-def _fusion_for(encoder, lexical):
-    """The fusion to search with (or None), after the checks that make a hybrid search mean what it says."""
-    from docembed.errors import UsageError
-
-    if lexical is None:
-        if getattr(encoder, "scorer_only", False):  # bm25, or a fusion without its lexical index
-            raise UsageError(
-                f"{encoder.name} scores query/document pairs: search with its model part (or, for a fusion, "
-                "give --lexical-index BM25_INDEX for hybrid search), or `docembed rerank -m` the hits with it"
-            )
-        return None
-    if encoder.family != "fusion":
-        raise UsageError("--lexical-index needs -m LEXICAL+MODEL (e.g. bm25+sbert) or a fitted fusion folder")
-    if encoder.lexical.family != "bm25":
-        raise UsageError(
-            f"hybrid search fuses a bm25 index: {encoder.name}'s lexical part is {encoder.lexical.family}"
-        )
-    return encoder
-
-
 def _with_texts(rows: list[dict], corpus: str, id_field: str, text_field: str) -> list[dict]:
     """Each hit with its text from `corpus` (read once, keeping only the texts of hits)."""
+    from docembed.faiss_index import attach_texts, corpus_texts
     from docembed.runtime import log
 
     wanted = {hit["id"] for row in rows for hit in row["results"]}
-    texts = {}
-    for document in common.reader(corpus, None, id_field, text_field, False):
-        if document.id in wanted:
-            texts[document.id] = document.text
-    missing = wanted - texts.keys()
+    missing = attach_texts(rows, corpus_texts(corpus, wanted, id_field, text_field))
     if missing:
         log(f"warning: {len(missing)} hit id(s) not in {corpus} (first: {sorted(missing)[0]!r}): text null")
-    for row in rows:
-        for hit in row["results"]:
-            hit["text"] = texts.get(hit["id"])
     return rows

@@ -41,6 +41,8 @@ def inspect(
     """
     import json
 
+    common.resolve(model)  # before torch: a wrong model or file fails at once
+    common.reader(input, format, id_field, text_field, False)
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table

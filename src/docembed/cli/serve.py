@@ -13,38 +13,78 @@ def register(app: typer.Typer) -> None:
 
 def serve(
     model: str = typer.Option(None, "--model", "-m", help="Model to serve (default: the index's own)."),
-    index: str = typer.Option(None, "--index", help="Vector index from `docembed index build` for /search."),
+    index: str = typer.Option(
+        None,
+        "--index",
+        help="Vector index from `docembed index build` for /search, /add and /remove (reloaded when it "
+        "changes on disk).",
+    ),
+    lexical_index: str = typer.Option(
+        None,
+        "--lexical-index",
+        help="Hybrid /search: a bm25 index of the same corpus, fused with --index by -m LEXICAL+MODEL or a "
+        "fitted fusion folder, ranked as `search --lexical-index` ranks.",
+    ),
+    depth: int = typer.Option(
+        100, "--depth", min=1, help="Hybrid search: hits taken from each index before they are fused."
+    ),
+    corpus: str = typer.Option(
+        None,
+        "--corpus",
+        "--text-from",
+        help="Corpus (.jsonl/.tsv/.txt) whose texts /search gives with each hit, as `search --text-from`.",
+    ),
+    id_field: str = common.ID_FIELD,
+    text_field: str = common.TEXT_FIELD,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (no authentication)."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
     batch_size: int = common.BATCH_SIZE,
 ) -> None:
-    """Load a model once and answer HTTP requests with JSON until Ctrl-C: GET /health, POST /encode
-    {"texts": [...]}, POST /similarity {"a": [...], "b": [...]}, POST /search {"queries": [...], "ids": [...],
-    "k": 10} (with --index). Answers are what encode, similarity and search compute; errors are
-    {"error": "..."} with a 4xx status.
+    """Load a model once and answer HTTP requests with JSON until Ctrl-C.
 
-    Example: docembed serve --index docs.index &
+    Routes: GET /health (the model, its settings and the metadata `encode` writes); POST /encode
+    {"texts": [...], "batch_size": N}; POST /similarity {"a": [...], "b": [...]}; with --index: POST /search
+    {"queries": [...], "ids": [...], "k": 10}, POST /add {"ids": [...], "texts": [...]} and POST /remove
+    {"ids": [...]}, as `index add` / `index remove` change the index on disk. Answers are what encode,
+    similarity, search and index add / remove compute; errors are {"error": "..."} with a 4xx status. The
+    index (and --lexical-index, --corpus) is reloaded when another process changes it.
+
+    Example: docembed serve --index docs.index --corpus docs.jsonl &
              curl -s localhost:8765/search -d '{"queries": ["how do I catch an exception"], "k": 5}'
     """
     from docembed.api import load
     from docembed.errors import UsageError
-    from docembed.faiss_index import VectorIndex, is_bm25_dir
+    from docembed.faiss_index import is_bm25_dir, recorded_model_of
     from docembed.runtime import log, settings
     from docembed.server import EmbeddingService, make_server
 
     if index is not None and is_bm25_dir(index):
         raise UsageError("serve takes a vector index; search a bm25 index with `docembed search`")
-    vector_index = VectorIndex.load(index) if index is not None else None
-    spec = model or (vector_index.recorded_model() if vector_index is not None else None)
+    if lexical_index is not None and not is_bm25_dir(lexical_index):
+        raise UsageError("--lexical-index takes a bm25 index (`index build CORPUS --type bm25`)")
+    if corpus is not None:  # its first record read now: a wrong file fails before the model loads
+        common.reader(corpus, None, id_field, text_field, False)
+    # the index's own model, read from its meta.json: the service loads the index itself (and again later)
+    spec = model or (recorded_model_of(index) if index is not None else None)
     if not spec:
         raise UsageError("give --model (or an --index that records its model)")
-    service = EmbeddingService(load(spec, device=settings.device), vector_index, batch_size)
+    service = EmbeddingService(
+        load(spec, device=settings.device),
+        index,
+        batch_size,
+        lexical=lexical_index,
+        corpus=corpus,
+        id_field=id_field,
+        text_field=text_field,
+        depth=depth,
+    )
     try:
         server = make_server(service, host, port)
     except OSError as error:
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     bound_host, bound_port = server.server_address[:2]
-    documents = f" and {len(vector_index.ids)} documents" if vector_index is not None else ""
+    served = service.index
+    documents = f" and {len(served.ids)} documents" if served is not None else ""
     log(f"serving {service.model.name}{documents} on http://{bound_host}:{bound_port} (Ctrl-C stops)")
     try:
         server.serve_forever()

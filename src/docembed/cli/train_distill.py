@@ -102,6 +102,7 @@ def train_distill(
     import json
     from pathlib import Path
 
+    common.reader(corpus, format, id_field, text_field, False)  # before torch: a wrong file fails at once
     from docembed.encoding import EmbeddingCache
     from docembed.errors import UsageError
     from docembed.runtime import log, models_home, resolve_device, seed_everything, settings

@@ -95,6 +95,11 @@ def train_nugget(
     from pathlib import Path
 
     from docembed.errors import UsageError
+
+    if objective == "ae":  # before torch: a wrong file or field fails at once
+        common.reader(corpus, format, "id", text_field, False)
+    elif objective in ("mt", "sim") and (first := common.check_jsonl_fields(corpus, ())) is not None:
+        _pair(first[1], corpus, first[0], source_field, target_field)
     from docembed.models.nugget import NuggetConfig, NuggetEncoder
     from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import is_main_process, train
@@ -162,7 +167,7 @@ def train_nugget(
 
 
 def _read_corpus(path, objective, format, text_field, source_field, target_field, max_docs):
-    from docembed.errors import DocembedError, InputFormatError
+    from docembed.errors import DocembedError
     from docembed.io.readers import iter_jsonl_lines
 
     if objective == "ae":
@@ -177,18 +182,26 @@ def _read_corpus(path, objective, format, text_field, source_field, target_field
     for number, record in iter_jsonl_lines(path):
         if max_docs and len(sources) >= max_docs:
             break
-        if source_field not in record or target_field not in record:
-            raise InputFormatError(path, number, f"needs fields {source_field!r} and {target_field!r}")
-        source, target = record[source_field], record[target_field]
-        if not isinstance(source, str) or not isinstance(target, str):
-            # str() would silently train on the text "5" or "None"
-            raise InputFormatError(path, number, f"{source_field!r} and {target_field!r} must be strings")
-        given = record.get("negatives", [])
-        if not isinstance(given, list) or not all(isinstance(text, str) for text in given):
-            raise InputFormatError(path, number, "'negatives' must be a list of texts")
+        source, target, given = _pair(record, path, number, source_field, target_field)
         sources.append(source)
         targets.append(target)
         negatives.append(given)
     if not sources:
         raise DocembedError(f"{path}: no pairs")
     return sources, targets, negatives
+
+
+def _pair(record: dict, path: str, number: int, source_field: str, target_field: str):
+    """(source, target, negatives) of one mt/sim training record, or an InputFormatError naming its line."""
+    from docembed.errors import InputFormatError
+
+    if source_field not in record or target_field not in record:
+        raise InputFormatError(path, number, f"needs fields {source_field!r} and {target_field!r}")
+    source, target = record[source_field], record[target_field]
+    if not isinstance(source, str) or not isinstance(target, str):
+        # str() would silently train on the text "5" or "None"
+        raise InputFormatError(path, number, f"{source_field!r} and {target_field!r} must be strings")
+    given = record.get("negatives", [])
+    if not isinstance(given, list) or not all(isinstance(text, str) for text in given):
+        raise InputFormatError(path, number, "'negatives' must be a list of texts")
+    return source, target, given

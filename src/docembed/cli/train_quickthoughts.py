@@ -61,14 +61,15 @@ def train_quickthoughts(
     from pathlib import Path
 
     from docembed.datasets import Corpus
+
+    limit = limit or max_docs
+    texts = Corpus(corpus, text_field=text_field, limit=limit, root=data_root).check()  # before torch
     from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder
     from docembed.models.word_vectors import initial_embeddings
     from docembed.runtime import log, seed_everything, settings
     from docembed.training.loop import is_main_process, train
     from docembed.training.quickthoughts_recipe import QuickThoughtsRecipe, SentenceCorpus
 
-    limit = limit or max_docs
-    texts = Corpus(corpus, text_field=text_field, limit=limit, root=data_root)
     start = _initial_model(init) if init else None
     if start is not None:
         # The architecture and vocabulary are the model's; what the run changes is said here.

@@ -65,8 +65,10 @@ def train_setenc(
 
     from docembed.datasets import Corpus
     from docembed.errors import CorruptModelError, UsageError
+
+    Corpus(corpus, format, text_field, limit).check()  # before torch: a wrong file fails at once
     from docembed.models.setenc import SetEncoderConfig
-    from docembed.runtime import settings
+    from docembed.runtime import log, settings
     from docembed.training.fitting import fit_setenc
 
     output = output or output_dir
@@ -107,3 +109,4 @@ def train_setenc(
         loop.train_config(output, settings.seed, settings.device),
         validation=loop.validation,
     )
+    log(f"saved the set encoder -> {output}")

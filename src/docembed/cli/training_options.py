@@ -148,7 +148,7 @@ def _check_training_output(output: str | None, corpus: str | list[str] | None) -
     if output is None:
         return
     from docembed.io.outputs import check_output
-    from docembed.training.loop import TRAINING_OUTPUT
+    from docembed.training.outputs import TRAINING_OUTPUT
 
     inputs = [corpus] if isinstance(corpus, str) else list(corpus or [])
     check_output(output, True, directory=True, inputs=inputs, kind=TRAINING_OUTPUT)

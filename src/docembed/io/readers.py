@@ -139,6 +139,31 @@ def open_input(path: str) -> Iterator[IO[bytes]]:
         yield handle
 
 
+def peek_first_line(path: str) -> tuple[bytes, int] | None:
+    """(the first non-blank line, its 0-based index) of a text input, or None when it has none. From stdin
+    only the bytes already buffered are looked at and nothing is consumed."""
+    if path == "-":
+        if sys.stdin is None:
+            return None
+        buffer = getattr(sys.stdin, "buffer", None)
+        try:
+            data = buffer.peek(1 << 16) if hasattr(buffer, "peek") else b""
+        except (OSError, ValueError):
+            return None
+        lines = data.split(b"\n")[:-1]  # the last piece may be an unfinished line
+        return next(((raw, i) for i, raw in enumerate(lines) if raw.strip()), None)
+    try:
+        with open_input(path) as handle:
+            for index, raw in enumerate(handle):
+                if raw.strip():
+                    return raw, index
+                if index > 10_000:  # a file of blank lines: leave the rest to the reading itself
+                    return None
+    except (OSError, EOFError, gzip.BadGzipFile) as error:
+        raise DocembedError(f"{path}: cannot read: {error}") from None
+    return None
+
+
 def require_regular_file(path: str, what: str) -> None:
     """`what` reads the input twice (it counts lines first): a pipe (a FIFO, /dev/stdin, a process
     substitution) would block for ever on the second read, so it is refused up front."""
@@ -271,6 +296,16 @@ class DocumentReader:
         self._bounds: tuple[int, int] | None = None
         self._total: int | None = None
 
+    def check(self) -> None:
+        """Read the first record now, so that a missing or unreadable input, a wrong format or a missing
+        field is reported before any model loads (stdin: only what has already arrived is looked at)."""
+        if self.format == "parquet":
+            self.files()
+            return
+        first = peek_first_line(self.path)
+        if first is not None and not self.skip_invalid:
+            self.parse_record(*first)
+
     def files(self) -> list[tuple[str, int]]:
         if self._files is None:
             self._files = parquet_files(self.path, self.text_field)[0]
@@ -387,7 +422,12 @@ class DocumentReader:
         text = record.get(self.text_field)
         if not isinstance(text, str):
             what = "missing" if text is None else "not a string"
-            raise InputFormatError(self.name, line_number, f"text field {self.text_field!r} {what}")
+            fields = ", ".join(f"{k!r}" for k in list(record)[:12]) or "none"
+            raise InputFormatError(
+                self.name,
+                line_number,
+                f"text field {self.text_field!r} {what} (fields: {fields}; choose one with --text-field)",
+            )
         return Document(_document_id(record.get(self.id_field), index, self.name, line_number), text)
 
     def _parquet_rows(self, start: int, stop: int | None) -> Iterator[Document]:
@@ -426,6 +466,17 @@ def _document_id(value, index: int, source: str, line_number: int) -> str:
     return str(value)
 
 
+def json_record(raw: bytes, source: str, line_number: int) -> dict:
+    """One raw JSON Lines line (UTF-8, a leading byte order mark dropped) as a dict (see _json_record)."""
+    if line_number == 1 and raw.startswith(BOM):
+        raw = raw[len(BOM) :]
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InputFormatError(source, line_number, f"invalid UTF-8 ({error.reason})") from None
+    return _json_record(line, raw, source, line_number)
+
+
 def _json_record(line: str, raw: bytes, source: str, line_number: int) -> dict:
     """One JSON Lines record as a dict, or an InputFormatError naming the line: malformed JSON, a number
     Python will not read (over 4,300 digits), nesting deeper than the parser's stack, not an object, or a
@@ -433,11 +484,16 @@ def _json_record(line: str, raw: bytes, source: str, line_number: int) -> dict:
     try:
         record = json.loads(line)
     except json.JSONDecodeError as error:
-        raise InputFormatError(source, line_number, f"malformed JSON ({error.msg})") from None
+        if line.lstrip().startswith("["):
+            raise InputFormatError(source, line_number, _ARRAY_HINT) from None
+        what = f"malformed JSON at column {error.colno} ({error.msg.removesuffix(' at')})"
+        raise InputFormatError(source, line_number, what) from None
     except ValueError as error:  # int() of a number with too many digits
         raise InputFormatError(source, line_number, f"unreadable JSON ({error})") from None
     except RecursionError:
         raise InputFormatError(source, line_number, "JSON nested too deeply") from None
+    if isinstance(record, list):
+        raise InputFormatError(source, line_number, _ARRAY_HINT)
     if not isinstance(record, dict):
         raise InputFormatError(source, line_number, "expected a JSON object")
     if b"\\u" in raw and _has_lone_surrogate(record):  # only a \u escape can make one (raw is UTF-8)
@@ -445,6 +501,12 @@ def _json_record(line: str, raw: bytes, source: str, line_number: int) -> dict:
             source, line_number, "holds a lone surrogate escape (\\ud800-\\udfff without its pair): not text"
         )
     return record
+
+
+_ARRAY_HINT = (
+    "a JSON array, not one object per line: docembed reads JSON Lines (`jq -c '.[]' FILE` turns an array "
+    "into them)"
+)
 
 
 def _has_lone_surrogate(value) -> bool:
@@ -512,11 +574,7 @@ def iter_jsonl_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
             if not raw.strip():
                 blank += 1
                 continue
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise InputFormatError(path, index + 1, f"invalid UTF-8 ({error.reason})") from None
-            yield index + 1, _json_record(line, raw, path, index + 1)
+            yield index + 1, json_record(raw, path, index + 1)
     if blank:
         log(f"{path}: skipped {blank} blank line(s)")
 

@@ -362,7 +362,7 @@ def _fit_and_save(model: FittedBaseline, texts: Iterable[str], output: str | Pat
     model.fit(texts)
     if output is not None:
         save_encoder(model, output)
-    log(f"fitted {model.family} on {len(texts)} documents" + (f" -> {output}" if output is not None else ""))
+    log(f"fitted {model.family} on {len(texts)} documents")  # the caller says where it is saved
     return model
 
 

@@ -17,6 +17,7 @@ Family modules are imported only when a model of that family is loaded, so the C
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -161,8 +162,7 @@ def _saved_family(directory: Path) -> str:
 def load_model(spec: str, device: str = "cpu"):
     """Resolve `spec` (path, home name, built-in name or hub id) to a ready Encoder, silently: the load
     reports of the libraries underneath are about parts docembed does not use (see quiet_third_party)."""
-    with quiet_third_party():
-        return _load_model(spec, device)
+    return resolve_model(spec).load(device)
 
 
 def written_as_path(spec: str) -> bool:
@@ -188,52 +188,147 @@ def _folders_to_try(spec: str, path: Path, home_path: Path) -> tuple[Path, ...]:
     return ()
 
 
-def _load_model(spec: str, device: str):
+# sentence-transformers' names of the models the built-ins are (the published model, read whole).
+ALIASES: dict[str, str] = {
+    "all-minilm-l6-v2": "sbert",
+    "sentence-transformers/all-minilm-l6-v2": "sbert",
+    "all-mpnet-base-v2": "sbert-mpnet",
+    "sentence-transformers/all-mpnet-base-v2": "sbert-mpnet",
+}
+# What the hub accepts as a model id (`org/name`): anything else that is not a folder is a mistake.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """What a model spec is, found without importing torch or loading anything (`resolve_model`): `kind` is
+    "folder" (a saved model at `path`), "builtin" (`name`), "fusion" (`parts`: lexical, model), or "hub"
+    (`name`, a hub id). `spec` is what the user wrote."""
+
+    spec: str
+    kind: str
+    name: str
+    path: Path | None = None
+    parts: tuple[ResolvedModel, ...] = ()
+
+    def load(self, device: str = "cpu"):
+        """The ready Encoder."""
+        with quiet_third_party():
+            return self._load(device)
+
+    def _load(self, device: str):
+        if self.kind == "folder":
+            return _load_folder(self.spec, self.path, device)
+        if self.kind == "fusion":
+            return get_family("fusion").from_parts(self.parts[0].spec, self.parts[1].spec, device)
+        if self.kind == "builtin":
+            entry = BUILTIN[self.name]
+            if entry.shipped:
+                from docembed.models import zoo
+
+                return zoo.load(zoo.model_dir(self.name), device=device, name=self.name)
+            cls = get_family(entry.family)
+            return cls(cls.config_class.from_dict(entry.config), name=self.name).to(device)
+        cls = get_family("sbert")  # a hub id: the families that load one are sentence-transformers'
+        return cls(cls.config_class.from_dict({"model_name_or_path": self.name}), name=self.name).to(device)
+
+
+def resolve_model(spec: str) -> ResolvedModel:
+    """Turn a model spec into what it is (see the module docstring for the order), at once: a folder that
+    does not exist, a name that is nothing, or a hub id that cannot be fetched (offline, not in the local
+    cache) is a one-line ModelNotFoundError with the built-ins and a did-you-mean, before anything loads."""
+    spec = str(spec)
     path = Path(spec).expanduser()
     home_path = models_home() / "models" / spec
     for candidate in _folders_to_try(spec, path, home_path):
         if candidate.is_dir():
-            from docembed.models import zoo
-
-            if zoo.is_zoo_dir(candidate):  # a zoo directory given by path: base + overlay
-                return zoo.load(candidate, device=device, name=candidate.name)
-            if _is_sentence_transformers_dir(candidate):  # any sentence-transformers folder: an sbert model
-                cls = get_family("sbert")
-                model = cls(cls.config_class(model_name_or_path=str(candidate.resolve())), device=device)
-            else:
-                cls = get_family(_saved_family(candidate))
-                model = cls.load(candidate, device=device)
-            model.name = spec if candidate == home_path else candidate.name
-            model.source = str(candidate.resolve())
-            return model
+            if not (_is_zoo_dir(candidate) or _is_sentence_transformers_dir(candidate)):
+                _saved_family(candidate)  # a folder without a readable docembed config: say so now
+            return ResolvedModel(spec, "folder", candidate.name, candidate)
     if "+" in spec and not path.exists() and all(spec.split("+", 1)):  # `bm25+sbert`: a fusion
         lexical, model = spec.split("+", 1)
-        return get_family("fusion").from_parts(lexical, model, device)
+        return ResolvedModel(spec, "fusion", spec, parts=(resolve_model(lexical), resolve_model(model)))
     if spec in BUILTIN:
-        entry = BUILTIN[spec]
-        if entry.shipped:
-            from docembed.models import zoo
+        return ResolvedModel(spec, "builtin", spec)
+    alias = ALIASES.get(spec.lower())
+    if alias is not None:
+        from docembed.runtime import debug
 
-            return zoo.load(zoo.model_dir(spec), device=device, name=spec)
-        cls = get_family(entry.family)
-        model = cls(cls.config_class.from_dict(entry.config), name=spec)
-        return model.to(device)
+        debug(f"{spec} is the built-in {alias!r}")
+        return ResolvedModel(spec, "builtin", alias)
     moved = _moved_builtin(path)
     if moved is not None:
         from docembed.runtime import log
 
         log(f"note: {spec} does not exist; it was the built-in {moved!r} of another installation: using it")
-        return _load_model(moved, device)
-    if "/" in spec and not path.exists() and spec.count("/") == 1 and not spec.startswith((".", "/")):
-        cls = get_family("sbert")
-        model = cls(cls.config_class.from_dict({"model_name_or_path": spec}), name=spec)
-        return model.to(device)
+        return ResolvedModel(spec, "builtin", moved)
     if path.exists():
         raise CorruptModelError(f"{spec} is not a model directory")
     if spec in FIT_COMMANDS:
         raise ModelNotFoundError(fit_hint(spec))
-    names = ", ".join(sorted(BUILTIN) + [p.name for p in _home_models()])
-    raise ModelNotFoundError(f"unknown model {spec!r}: not a path, a saved name, or one of: {names}")
+    if _HUB_ID.fullmatch(spec) and ".." not in spec and not spec.startswith("."):
+        if not _hub_offline() or _in_hub_cache(spec):
+            return ResolvedModel(spec, "hub", spec)
+        raise ModelNotFoundError(
+            f"no model folder {spec} here, and {spec!r} is not in the local hub cache (offline: "
+            f"HF_HUB_OFFLINE=1; set HF_HUB_OFFLINE=0 to download it){_suggestion(spec)}"
+        )
+    if written_as_path(spec):
+        raise ModelNotFoundError(f"no model folder {spec}{_suggestion(spec)}")
+    raise ModelNotFoundError(
+        f"unknown model {spec!r}: not a folder, a saved name or a built-in{_suggestion(spec)}"
+    )
+
+
+def _load_folder(spec: str, candidate: Path, device: str):
+    if _is_zoo_dir(candidate):  # a zoo directory given by path: base + overlay
+        from docembed.models import zoo
+
+        return zoo.load(candidate, device=device, name=candidate.name)
+    if _is_sentence_transformers_dir(candidate):  # any sentence-transformers folder: an sbert model
+        cls = get_family("sbert")
+        model = cls(cls.config_class(model_name_or_path=str(candidate.resolve())), device=device)
+    else:
+        cls = get_family(_saved_family(candidate))
+        model = cls.load(candidate, device=device)
+    model.name = spec if candidate == models_home() / "models" / spec else candidate.name
+    model.source = str(candidate.resolve())
+    return model
+
+
+def _is_zoo_dir(candidate: Path) -> bool:
+    from docembed.models import zoo
+
+    return zoo.is_zoo_dir(candidate)
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _in_hub_cache(repo_id: str) -> bool:
+    """Whether the hub cache holds a snapshot of `repo_id` (what an offline load can use)."""
+    root = os.environ.get("HF_HUB_CACHE") or os.path.join(
+        os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface"), "hub"
+    )
+    snapshots = Path(root) / f"models--{repo_id.replace('/', '--')}" / "snapshots"
+    return snapshots.is_dir() and any(snapshots.iterdir())
+
+
+def _suggestion(spec: str) -> str:
+    """'; did you mean ...?' and the list of built-ins, for an unknown model spec."""
+    import difflib
+
+    names = sorted(BUILTIN) + [p.name for p in _home_models()]
+    base = Path(spec).name
+    close = difflib.get_close_matches(base.lower(), names + list(ALIASES), n=1, cutoff=0.6)
+    hint = "."
+    if close:
+        guess = ALIASES.get(close[0], close[0])
+        hint = f"; did you mean {guess!r}?"
+        if written_as_path(spec) and base == guess:
+            hint = f"; did you mean the built-in {guess!r}, or to train {spec} first?"
+    return f"{hint} Built-ins: {', '.join(names)}"
 
 
 def _moved_builtin(path: Path) -> str | None:

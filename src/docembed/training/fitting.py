@@ -121,7 +121,6 @@ def fit_setenc(
         log(
             f"trained {summary['steps']} steps in {summary['seconds']:.0f}s"
             f" ({summary.get('docs_per_s', 0)} docs/s); align {align:.3f}, uniform {uniform:.3f}"
-            + (f" -> {output}" if output is not None else "")
         )
     return recipe.encoder
 
@@ -178,5 +177,9 @@ def fit_family(
         )
     if output is None:
         return FIT_FUNCTIONS[name](corpus, None, seed, device)
+    from docembed.runtime import log
+
     with directory_output(output, MODEL_DIRECTORY, overwrite=True) as staging:
-        return FIT_FUNCTIONS[name](corpus, staging, seed, device)
+        model = FIT_FUNCTIONS[name](corpus, staging, seed, device)
+    log(f"saved the fitted {name} model -> {output}")
+    return model

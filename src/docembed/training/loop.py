@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from docembed.errors import CorruptModelError, DocembedError
-from docembed.io.outputs import STAGING_MARKER, DirectoryKind, swap_in_folder
+from docembed.io.outputs import swap_in_folder
 from docembed.models.base import CONFIG_NAME, is_model_dir, load_untied_state, untied_state
 from docembed.runtime import log, progress_bar, raise_if_interrupted, resolve_device, torchrun_rank
 
@@ -246,25 +246,6 @@ def _reduce_mean(values: dict[str, float], env: DistEnv, device: str) -> dict[st
     tensor = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
     dist.all_reduce(tensor)
     return {k: float(v) / env.world_size for k, v in zip(keys, tensor.tolist(), strict=True)}
-
-
-def is_training_output(directory: Path) -> bool:
-    """Whether `directory` is a folder docembed trains into: a saved model, a run's checkpoint or log, a
-    staging folder docembed is filling, or a run that so far holds only a model it trained first (the PV
-    teacher train-distill saves in OUTPUT/pv-teacher before its own training starts)."""
-    return (
-        is_model_dir(directory)
-        or (directory / "checkpoint").is_dir()
-        or (directory / "train_log.jsonl").is_file()
-        or (directory / STAGING_MARKER).is_file()
-        or any(is_model_dir(child) for child in directory.iterdir() if child.is_dir())
-    )
-
-
-#: where a train-* command may write (io/outputs.py's rule for directory outputs): a run resumes in it
-TRAINING_OUTPUT = DirectoryKind(
-    "docembed model or training run", "config.json, checkpoint/ or train_log.jsonl", is_training_output
-)
 
 
 def _restore_swapped_away(folder: Path) -> None:
