@@ -100,3 +100,13 @@ def test_no_server_there_is_one_line(capfd, served):
     assert result.code == 1 and "cannot reach a docembed server" in result.err
     bad = invoke(capfd, "--server", "localhost:8765", "similarity", "a", "b")
     assert bad.code == 2 and "http:// URL" in bad.err
+
+
+def test_what_would_change_the_served_model_is_refused(capfd, served):
+    url, folder = served
+    docs = folder / "docs.jsonl"
+    for extra in (["--fit"], ["--workers", "2"], ["--long", "windows"]):
+        result = invoke(
+            capfd, "--server", url, "encode", docs, "-m", "glove-avg", "-o", folder / "x.npy", *extra
+        )
+        assert result.code == 2 and "leave out --server" in result.err, extra

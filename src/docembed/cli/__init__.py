@@ -63,8 +63,8 @@ def root(
         None,
         "--server",
         envvar="DOCEMBED_SERVER",
-        help="URL of a running `docembed serve`: commands use its model instead of loading one (the same "
-        "outputs, without the load; -m must name the served model).",
+        help="URL of a running `docembed serve`: encode, similarity, rerank and search use its model instead "
+        "of loading one (the same outputs, without the load; -m must name the served model).",
     ),
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print version."),
 ) -> None:

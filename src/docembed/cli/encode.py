@@ -138,6 +138,8 @@ def encode(
 
     if not fit:  # a model that is nothing fails now; --fit makes the model first
         common.resolve(model)
+    _check_server_use(fit, workers, engine, ratio, long, backend, precision, selector, max_vectors,
+                      max_length, passage_temperature)  # fmt: skip
     ray_flags = {
         "address": address,
         "num_workers": num_workers,
@@ -274,6 +276,23 @@ def _encode_reusing(encoder, documents, reuse, batch_size, total, coverage, stor
     )
     log(f"--reuse: encoded {encoded} new or changed of {len(embeddings)} documents, the rest from {reuse}")
     return embeddings
+
+
+def _check_server_use(fit, workers, engine, *settings) -> None:
+    """With --server the served model encodes as it was loaded: what would change it here is refused."""
+    from docembed.errors import UsageError
+    from docembed.runtime import settings as runtime
+
+    if not runtime.server:
+        return
+    if fit or workers is not None or engine != "local":
+        raise UsageError("--fit, --workers and --engine ray run the model here: leave out --server")
+    if any(value is not None for value in settings):
+        raise UsageError(
+            "--ratio/--long/--backend/--precision/--selector/--max-vectors/--max-length/"
+            "--passage-temperature change how the model encodes: the served model encodes as it was loaded; "
+            "leave out --server"
+        )
 
 
 def _same_file(a: str, b: str) -> bool:
