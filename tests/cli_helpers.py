@@ -38,6 +38,29 @@ def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([DOCEMBED, *map(str, args)], capture_output=True, text=True, **kwargs)
 
 
+def start_server(*args, env: dict | None = None) -> tuple[subprocess.Popen, str]:
+    """`docembed serve --port 0 ARGS` in its own process: (the process, the URL its bind line names). Its
+    stderr keeps being read, so the request log cannot fill the pipe."""
+    import re
+    import threading
+
+    server = subprocess.Popen(
+        [sys.executable, "-m", "docembed", "serve", "--port", "0", *map(str, args)],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    url = None
+    for line in server.stderr:  # the bind line says which port was picked
+        found = re.search(r"on (http://[\d.]+:\d+)", line)
+        if found:
+            url = found.group(1)
+            break
+    assert url, "the server never said where it listens"
+    threading.Thread(target=server.stderr.read, daemon=True).start()
+    return server, url
+
+
 def free_port() -> int:
     import socket
 

@@ -251,9 +251,11 @@ def test_import_docembed_is_light():
 
 
 def test_counting_long_texts_in_pieces_gives_the_whole_texts_count(minilm_tokenizer, monkeypatch):
+    from docembed import tensors
     from docembed.models import base
 
-    monkeypatch.setattr(base, "COUNT_PIECE_CHARS", 50)  # many pieces, cut at spaces
+    monkeypatch.setattr(tensors, "STREAM_CHARS", 40)  # texts over 40 characters counted in blocks
+    monkeypatch.setattr(tensors, "BLOCK_CHARS", 50)  # many blocks, cut at spaces
     texts = ["", "one", "a sentence of several words, " * 20, "many short words " * 30]
     whole = [len(minilm_tokenizer(t, verbose=False)["input_ids"]) for t in texts]
     assert base.count_tokens(minilm_tokenizer, texts) == whole

@@ -1,27 +1,24 @@
-"""docs/python.md is a doctest: every `>>>` example on the page runs here, with the output it shows."""
+"""The doctests of the documentation: every `>>>` example of docs/python.md (and of any other page that has
+some) runs here with the output it shows. The pages' other blocks run in tests/test_docs_examples.py."""
 
 import doctest
-from pathlib import Path
 
-PAGE = Path(__file__).resolve().parents[1] / "docs" / "python.md"
+import pytest
+
+from test_readme_commands import BLOCKS
+
+PAGES = sorted({block.page for block in BLOCKS if block.lang == "python" and ">>>" in block.text})
 
 
-def test_the_python_page_runs_as_written(tmp_path, monkeypatch):
+def test_the_python_page_is_a_doctest():
+    assert any(page.name == "python.md" for page in PAGES)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[page.name for page in PAGES])
+def test_the_page_runs_as_written(page, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-    failures, attempted = doctest.testfile(str(PAGE), module_relative=False, optionflags=flags)
-    assert attempted >= 25, f"only {attempted} examples found in {PAGE.name}"
-    assert failures == 0, f"{failures} of {attempted} examples in {PAGE.name} fail (see the output above)"
-
-
-def test_the_readme_python_example_runs():
-    import re
-
-    readme = (PAGE.parents[1] / "README.md").read_text(encoding="utf-8")
-    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.DOTALL)
-    assert blocks, "the README shows Python"
-    for block in blocks:
-        names: dict = {}
-        exec(compile(block, "README.md", "exec"), names)
-        assert names["pooled"].shape == (names["model"].dim,)
-        assert names["scores"].shape == (1, 2)
+    failures, attempted = doctest.testfile(str(page), module_relative=False, optionflags=flags)
+    if page.name == "python.md":
+        assert attempted >= 25, f"only {attempted} examples found in {page.name}"
+    assert failures == 0, f"{failures} of {attempted} examples in {page.name} fail (see the output above)"

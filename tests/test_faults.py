@@ -243,7 +243,7 @@ def test_two_concurrent_writers_cannot_both_succeed(model, tmp_path):
     codes = sorted(code for code, _ in results)
     assert codes == [0, 1], results
     loser = next(err for code, err in results if code == 1)
-    assert any(m in one_line_error(loser) for m in ("output exists", "being written by another process"))
+    assert any(m in one_line_error(loser) for m in ("output exists", "another docembed is writing"))
     winner = "a" if results[0][0] == 0 else "b"
     written = load_embeddings(str(out))
     assert len(written) == 3000 and all(i.startswith(winner) for i in written.ids)

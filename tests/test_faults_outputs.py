@@ -345,7 +345,7 @@ def test_a_second_fit_to_the_same_output_fails_at_once(capfd, tmp_path):
     with output_lock(target):  # another `fit` to the same output is running
         result = invoke(capfd, "-q", "fit", "tfidf", corpus(tmp_path / "docs.jsonl", 4), "-o", target)
     assert result.code == 1
-    assert "being written by another process" in one_line_error(result.err)
+    assert "another docembed is writing" in one_line_error(result.err)
     assert not target.exists()
     assert invoke(capfd, "-q", "fit", "tfidf", tmp_path / "docs.jsonl", "-o", target).code == 0
     assert json.loads((target / "config.json").read_text())["family"] == "tfidf"

@@ -38,7 +38,7 @@ def test_txt_and_tsv_and_gzip(tmp_path):
         (b'{"id":1,"text":"ok"}\n{"id":2,"text":\n', "malformed JSON"),
         (b'{"id":1,"text":"ok"}\n{"id":2,"body":"x"}\n', "'text' missing"),
         (b'{"id":1,"text":"ok"}\n{"id":2,"text":"caf\xe9"}\n', "invalid UTF-8"),
-        (b'{"id":1,"text":"ok"}\n[1,2]\n', "expected a JSON object"),
+        (b'{"id":1,"text":"ok"}\n[1,2]\n', "a JSON array, not one object per line"),
     ],
 )
 def test_malformed_line_names_file_and_line(tmp_path, content, reason):

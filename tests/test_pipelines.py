@@ -1,7 +1,7 @@
 """Pipelines that make trusts (issue #32): one staleness rule for every output (files and folders: replaced
 without --overwrite when any input is newer), `-o` with atomic writes for search and similarity, shard
-provenance that `merge` orders and checks by, built-in models recorded by name, and the README's Makefile
-run end to end."""
+provenance that `merge` orders and checks by, built-in models recorded by name, and the Makefile of
+docs/pipelines.md run end to end."""
 
 import json
 import os
@@ -18,7 +18,7 @@ from cli_helpers import DOCEMBED, invoke
 from docembed.io.embeddings import load_embeddings
 
 WORDS = [f"w{i}" for i in range(64)]
-README = Path(__file__).resolve().parents[1] / "README.md"
+PIPELINES = Path(__file__).resolve().parents[1] / "docs" / "pipelines.md"
 
 
 @pytest.fixture(scope="module")
@@ -275,12 +275,10 @@ def test_an_index_recording_an_old_absolute_zoo_path_still_finds_its_model(capfd
     )  # only zoo paths are forgiven
 
 
-# --- the README's Makefile, run -----------------------------------------------------------------------------
-def readme_makefile() -> str:
-    text = README.read_text(encoding="utf-8")
-    section = text.split("## Pipelines with make", 1)[1]
-    match = re.search(r"```make\n(.*?)```", section, re.S)
-    assert match, "README: no ```make block in 'Pipelines with make'"
+# --- the Makefile of docs/pipelines.md, run -----------------------------------------------------------------
+def pipelines_makefile() -> str:
+    match = re.search(r"```make\n(.*?)```", PIPELINES.read_text(encoding="utf-8"), re.S)
+    assert match, "docs/pipelines.md: no ```make block"
     return match.group(1)
 
 
@@ -297,11 +295,11 @@ def make(folder: Path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs GNU make")
-def test_readme_makefile_reruns_what_a_touch_affects_and_nothing_else(tmp_path):
-    (tmp_path / "Makefile").write_text(readme_makefile())
+def test_pipelines_makefile_reruns_what_a_touch_affects_and_nothing_else(tmp_path):
+    (tmp_path / "Makefile").write_text(pipelines_makefile())
     topics = ["cats and dogs", "the stock market", "rain and snow", "football games", "python code"]
     rows = [{"id": f"d{i}", "text": f"a note on {topics[i % 5]}, number {i}"} for i in range(12)]
-    (tmp_path / "corpus.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "queries.txt").write_text("my dog\nwill it snow\n")
     (tmp_path / "tasks.jsonl").write_text(
         json.dumps({"source": "d0", "candidates": ["d1", "d2", "d5"]}) + "\n"
@@ -316,7 +314,7 @@ def test_readme_makefile_reruns_what_a_touch_affects_and_nothing_else(tmp_path):
     stamps = {p: p.stat().st_mtime_ns for p in targets}
 
     time.sleep(0.05)  # past the file system clock's tick: the touch is newer than every output
-    os.utime(tmp_path / "corpus.jsonl")  # touch corpus.jsonl
+    os.utime(tmp_path / "docs.jsonl")  # touch docs.jsonl
     assert make(tmp_path, "-q").returncode == 1
     second = make(tmp_path)
     assert second.returncode == 0, second.stderr  # every affected rule reran, none needed --overwrite

@@ -2,35 +2,14 @@
 what it writes with the model loaded in-process, byte for byte; a wrong server fails in one line."""
 
 import json
-import re
 import signal
-import subprocess
-import sys
-import threading
 
 import numpy as np
 import pytest
 
-from cli_helpers import invoke
+from cli_helpers import invoke, start_server
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "stock markets fell sharply", "", "kittens"]
-
-
-def _start(*args):
-    server = subprocess.Popen(
-        [sys.executable, "-m", "docembed", "serve", "--port", "0", *map(str, args)],
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    url = None
-    for line in server.stderr:
-        found = re.search(r"on (http://[\d.]+:\d+)", line)
-        if found:
-            url = found.group(1)
-            break
-    assert url, "the server never said where it listens"
-    threading.Thread(target=server.stderr.read, daemon=True).start()
-    return server, url
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +17,7 @@ def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("remote")
     corpus = folder / "docs.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(TEXTS)))
-    server, url = _start("-m", "glove-avg")
+    server, url = start_server("-m", "glove-avg")
     yield url, folder
     server.send_signal(signal.SIGINT)
     server.wait(timeout=30)

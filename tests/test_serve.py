@@ -3,7 +3,6 @@ what the same commands write (encode, similarity, search) and with the Python AP
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from cli_helpers import invoke
+from cli_helpers import invoke, start_server
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "stock markets fell sharply", "kittens and cats"]
 
@@ -28,20 +27,7 @@ def served(tmp_path_factory):
     docembed = [sys.executable, "-m", "docembed"]
     subprocess.run([*docembed, "-q", "encode", corpus, "-m", "glove-avg", "-o", folder / "e.npy"], check=True)
     subprocess.run([*docembed, "-q", "index", "build", folder / "e.npy", "-o", folder / "idx"], check=True)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    server = subprocess.Popen(
-        [*docembed, "serve", "--index", folder / "idx", "--port", "0"],
-        stderr=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
-    url = None
-    for line in server.stderr:  # the bind line says which port was picked
-        found = re.search(r"on (http://[\d.]+:\d+)", line)
-        if found:
-            url = found.group(1)
-            break
-    assert url, "the server never said where it listens"
-    # keep reading stderr so that the request log cannot fill the pipe
-    threading.Thread(target=server.stderr.read, daemon=True).start()
+    server, url = start_server("--index", folder / "idx", env=dict(os.environ, OMP_NUM_THREADS="1"))
     yield url, folder
     server.send_signal(signal.SIGINT)
     assert server.wait(timeout=30) == 130  # Ctrl-C stops it, with the CLI's status for an interrupt

@@ -78,7 +78,9 @@ def test_a_damaged_table_is_a_one_line_error(tiny_static, tmp_path, capfd):
 
 
 def test_distill_static_refuses_unknown_settings(tmp_path, capfd):
-    result = invoke(capfd, "distill-static", "corpus.txt", "-o", str(tmp_path / "m"), "--weighting", "idf")
+    (tmp_path / "corpus.txt").write_text("a line of text\n")
+    corpus = str(tmp_path / "corpus.txt")
+    result = invoke(capfd, "distill-static", corpus, "-o", str(tmp_path / "m"), "--weighting", "idf")
     assert result.code == 2 and "--weighting" in result.err
     assert not (tmp_path / "m").exists()
 

@@ -26,6 +26,14 @@ from docembed.types import MultiVectors, Vectors, normalize_vectors
 ConvertTo = Literal["numpy", "torch"]
 Pooling = Literal["mean"] | None
 PROMPT_NAMES = ("query", "document")
+OUTPUT_VALUES = ("sentence_embedding", "token_embeddings")
+# sentence-transformers' encode precisions: the embeddings' storage (quantize_embeddings), not the model's
+EMBEDDING_PRECISIONS = ("float32", "int8", "uint8", "binary", "ubinary")
+# sentence-transformers' encode keywords docembed does not take, and why (named in the error)
+NOT_TAKEN = {
+    "pool": "sentence-transformers' multi-process pool: use `docembed encode --workers N`",
+    "chunk_size": "sentence-transformers' multi-process chunks: use `docembed encode --workers N`",
+}
 
 
 def load(
@@ -125,17 +133,60 @@ class Model:
         convert_to: ConvertTo = "numpy",
         pooling: Pooling = None,
         prompt: str | None = None,
+        prompt_name: str | None = None,
+        output_value: str | None = "sentence_embedding",
+        precision: str = "float32",
+        convert_to_numpy: bool = True,
+        convert_to_tensor: bool = False,
+        truncate_dim: int | None = None,
+        device: str | None = None,
+        **unknown: Any,
     ):
-        """Embed `texts` (a list, or one string for one embedding).
+        """Embed `texts` (a list, or one string for one embedding). The keywords of sentence-transformers'
+        `SentenceTransformer.encode` mean what they mean there:
 
         normalize_embeddings: unit-length vectors (every vector of a multi-vector model). pooling="mean":
-        one vector per text from a multi-vector model (a no-op for dense ones). convert_to="torch": a tensor
-        (a list of tensors for multi-vector output). prompt: text put before every input. show_progress_bar:
-        None shows one when stderr is a terminal, as the CLI does."""
+        one vector per text from a multi-vector model (a no-op for dense ones). convert_to="torch" or
+        convert_to_tensor=True: a tensor (a list of tensors for multi-vector output); convert_to_numpy=False:
+        a list of tensors, one per text. prompt: text put before every input; prompt_name: the model's
+        prompt of that name ("query", "document": `load(..., prompts=)`), ignored when `prompt` is given.
+        show_progress_bar: None shows one when stderr is a terminal, as the CLI does. output_value:
+        "sentence_embedding" (the model's own output: a vector, or a vector set for a multi-vector model)
+        or "token_embeddings" (every token's vector from the transformer's last layer, not normalised
+        unless asked: the sbert family). truncate_dim: the first `truncate_dim` dimensions of every vector,
+        made unit length again only with normalize_embeddings. precision: "float32", or the embeddings
+        quantised as `quantize_embeddings` does ("int8", "uint8", "binary", "ubinary", ranges taken from
+        these embeddings). device: run on this device ("cpu", "cuda", "cuda:1"; the model stays there)."""
+        if unknown:
+            _unknown_keywords(unknown)
+        if isinstance(batch_size, str):  # sentence-transformers' second positional is the prompt name
+            raise UsageError(
+                f"encode's second argument is batch_size, not {batch_size!r}: give prompt_name= by keyword"
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UsageError(f"batch_size must be a positive integer, not {batch_size!r}")
         if convert_to not in ("numpy", "torch"):
             raise UsageError(f"convert_to must be 'numpy' or 'torch', not {convert_to!r}")
         if pooling not in (None, "mean"):
             raise UsageError(f"pooling must be None or 'mean', not {pooling!r}")
+        if output_value not in OUTPUT_VALUES:
+            raise UsageError(
+                f"output_value must be 'sentence_embedding' or 'token_embeddings', not {output_value!r}"
+                + (" (every output as a dict is not available here)" if output_value is None else "")
+            )
+        if precision not in EMBEDDING_PRECISIONS:
+            raise UsageError(
+                f"precision is the embeddings' type, one of {', '.join(EMBEDDING_PRECISIONS)}, not "
+                f"{precision!r} (the model's own arithmetic is chosen at load(..., precision=))"
+            )
+        if truncate_dim is not None and (
+            isinstance(truncate_dim, bool) or not isinstance(truncate_dim, int) or truncate_dim < 1
+        ):
+            raise UsageError(f"truncate_dim must be a positive integer, not {truncate_dim!r}")
+        if device is not None:
+            self._move_to(device)
+        if prompt is None and prompt_name is not None:
+            prompt = self._prompt_named(prompt_name)
         single = isinstance(texts, str)
         batch = [texts] if single else list(texts)
         for index, text in enumerate(batch):
@@ -149,18 +200,66 @@ class Model:
                 ) from None
         if prompt:
             batch = [prompt + text for text in batch]
-        coverage = coverage_of(self.encoder)
+        encoder = self._token_encoder() if output_value == "token_embeddings" else self.encoder
+        coverage = coverage_of(encoder)
         with progress_shown(show_progress_bar):
             vectors = encode_texts(
-                self.encoder, batch, batch_size=batch_size, label=f"encode [{self.name}]", coverage=coverage
+                encoder, batch, batch_size=batch_size, label=f"encode [{self.name}]", coverage=coverage
             )
         if coverage is not None and coverage.documents_cut:
             warnings.warn(coverage.summary(self.name), TruncationWarning, stacklevel=2)
+        if truncate_dim is not None:
+            vectors = _truncated(vectors, truncate_dim)
         if pooling == "mean" and isinstance(vectors, MultiVectors):
             vectors = vectors.mean()
         if normalize_embeddings:
             vectors = normalize_vectors(vectors)
+        if precision != "float32" and len(vectors):
+            vectors = quantize_embeddings(vectors, precision)
+        if convert_to_tensor:
+            convert_to = "torch"
+        elif not convert_to_numpy and convert_to == "numpy":
+            return _tensor_list(vectors, single)
         return _converted(vectors, convert_to, single)
+
+    def _move_to(self, device: str) -> None:
+        """sentence-transformers' device=: the model moves there for this call and stays there."""
+        if not isinstance(device, str):  # a list of devices: its multi-process pool
+            raise UsageError(
+                f"device takes one device, not {device!r}: for several processes use `docembed encode "
+                "--workers N`"
+            )
+        target = resolve_device(device)
+        if target != self.device:
+            self.encoder = self.encoder.to(target)
+
+    def _prompt_named(self, name: str) -> str:
+        if name in self.prompts:
+            return self.prompts[name]
+        if not self.prompts:
+            raise UsageError(
+                f"prompt_name={name!r}: model {self.name!r} has no prompts (give them with "
+                "docembed.load(..., prompts={'query': ..., 'document': ...}), or pass prompt= itself)"
+            )
+        raise UsageError(
+            f"prompt_name={name!r}: model {self.name!r} has prompts {', '.join(sorted(self.prompts))}"
+        )
+
+    def _token_encoder(self) -> Encoder:
+        """The model reading out every token's vector, as sentence-transformers' output_value=
+        "token_embeddings" does: for the sbert family, the same transformer with its token output,
+        not normalised (normalize_embeddings does that); other families have no such output."""
+        if self.family != "sbert":
+            raise UsageError(
+                f"output_value='token_embeddings': model {self.name!r} ({self.family}) gives no per-token "
+                "vectors (the sbert family does, e.g. docembed.load('sbert-tokens'))"
+            )
+        import copy
+        import dataclasses
+
+        tokens = copy.copy(self.encoder)
+        tokens.config = dataclasses.replace(self.encoder.config, output="tokens", normalize=False)
+        return tokens
 
     def encode_query(self, texts: str | Sequence[str], batch_size: int = 32, **options):
         """`encode` with the model's query prompt (the same as `encode` when it has none)."""
@@ -255,6 +354,40 @@ def quantize_embeddings(embeddings: Vectors, precision: str = "int8", calibratio
         flat = quantize(embeddings.vectors, precision, calibration_embeddings=calibration)
         return MultiVectors(flat, embeddings.offsets, embeddings.positions)
     return quantize(np.asarray(embeddings), precision, calibration_embeddings=calibration_embeddings)
+
+
+def _unknown_keywords(unknown: dict[str, Any]) -> None:
+    """A keyword sentence-transformers has and docembed does not: a one-line UsageError saying why; any
+    other: TypeError as Python gives, with the closest keyword of encode."""
+    import difflib
+    import inspect
+
+    for name in unknown:
+        if name in NOT_TAKEN:
+            raise UsageError(f"encode does not take {name}= ({NOT_TAKEN[name]})")
+    known = [p for p in inspect.signature(Model.encode).parameters if p not in ("self", "texts", "unknown")]
+    name = next(iter(unknown))
+    close = difflib.get_close_matches(name, [*known, *NOT_TAKEN], n=1)
+    hint = f". Did you mean {close[0]!r}?" if close else ""
+    raise TypeError(f"Model.encode() got an unexpected keyword argument {name!r}{hint}")
+
+
+def _truncated(vectors: Vectors, dim: int) -> Vectors:
+    """The first `dim` dimensions of every vector (all of them when there are fewer, as in
+    sentence-transformers)."""
+    if isinstance(vectors, MultiVectors):
+        return MultiVectors(
+            np.ascontiguousarray(vectors.vectors[:, :dim]), vectors.offsets, vectors.positions
+        )
+    return np.ascontiguousarray(np.asarray(vectors)[:, :dim])
+
+
+def _tensor_list(vectors: Vectors, single: bool):
+    """sentence-transformers' convert_to_numpy=False: one tensor per text."""
+    import torch
+
+    rows = [torch.from_numpy(np.array(v)) for v in vectors]
+    return rows[0] if single else rows
 
 
 def _converted(vectors: Vectors, convert_to: ConvertTo, single: bool):

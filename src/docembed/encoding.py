@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -16,7 +15,14 @@ import numpy as np
 
 from docembed.errors import DocembedError
 from docembed.io.readers import Document, batched
-from docembed.runtime import debug, log, progress_bar, raise_if_interrupted
+from docembed.runtime import (
+    ChunkProgress,
+    batches_reported_to,
+    debug,
+    log,
+    progress_bar,
+    raise_if_interrupted,
+)
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors
 
 CHUNK_SIZE = 1024
@@ -68,23 +74,27 @@ def encode_texts(
     total: int | None = None,
     label: str | None = None,
     coverage: Coverage | None = None,
+    unit: str = "texts",
 ) -> Vectors:
     """`model.encode` over `texts`, `chunk_size` texts at a time: memory holds one chunk of text plus the
-    output so far, Ctrl-C is honoured between chunks, and no texts give a typed, empty result. `coverage`,
-    if given, counts what the model does not read (see `coverage_of`)."""
+    output so far, Ctrl-C is honoured between chunks (and between batches, for a family that reports
+    them), and no texts give a typed, empty result. `coverage`, if given, counts what the model does not
+    read (see `coverage_of`). Progress counts `unit`s and moves with every batch a family reports
+    (`runtime.report_batch`), else with every chunk."""
     parts = []
     done = 0
-    started = time.perf_counter()
-    with progress_bar(label or f"encode [{model.name}]", total=total) as bar:
+    with progress_bar(label or f"encode [{model.name}]", total=total, unit=unit) as bar:
         for chunk in batched(texts, chunk_size):
             raise_if_interrupted()
             if coverage is not None:
                 coverage.add(model.token_counts(chunk) or [])
-            parts.append(model.encode(capped(model, chunk), batch_size=batch_size))
+            # The whole chunk goes to the model in one call, as before: its batches, so its vectors, stay
+            # the same; the progress within the call comes from the batches it reports.
+            with batches_reported_to(ChunkProgress(bar, done, len(chunk))):
+                parts.append(model.encode(capped(model, chunk), batch_size=batch_size))
             done += len(chunk)
-            bar.advance(len(chunk))
+            bar.set_completed(done)
             debug(f"encoded chunk {len(parts)} ({done} texts so far)")
-            bar.update(docs_per_s=done / max(time.perf_counter() - started, 1e-9))
     if not parts:
         return _empty_like(model.encode([""], batch_size=1))
     return _assemble(parts)
@@ -126,7 +136,7 @@ def encode_documents(
             ids.append(document.id)
             yield document.text
 
-    data = encode_texts(model, texts(), batch_size, chunk_size, total, coverage=coverage)
+    data = encode_texts(model, texts(), batch_size, chunk_size, total, coverage=coverage, unit="documents")
     if not ids and not allow_empty:
         raise DocembedError("no documents to encode: the input is empty")
     metadata = model.metadata()
@@ -361,7 +371,8 @@ def encode_documents_reusing(
     new_digests = bytearray()
     parts = []
     encoded = 0
-    with progress_bar(f"encode --reuse [{model.name}]", total=total) as bar:
+    done = 0
+    with progress_bar(f"encode --reuse [{model.name}]", total=total, unit="documents") as bar:
         for chunk in batched(documents, chunk_size):
             raise_if_interrupted()
             texts = [document.text for document in chunk]
@@ -379,10 +390,13 @@ def encode_documents_reusing(
                     fresh.append(position)
             new = None
             if fresh:
-                new = model.encode(capped(model, [texts[p] for p in fresh]), batch_size=batch_size)
+                # the reused rows count at once, the fresh ones as the model reports its batches
+                with batches_reported_to(ChunkProgress(bar, done + len(reused), len(fresh))):
+                    new = model.encode(capped(model, [texts[p] for p in fresh]), batch_size=batch_size)
                 encoded += len(fresh)
             parts.append(_merge_rows(len(chunk), old.data, reused, fresh, new))
-            bar.advance(len(chunk))
+            done += len(chunk)
+            bar.set_completed(done)
     if not ids:
         raise DocembedError("no documents to encode: the input is empty")
     metadata = model.metadata()

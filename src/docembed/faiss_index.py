@@ -746,17 +746,16 @@ class BM25Index:
         from scipy import sparse
 
         from docembed.models.baselines import bm25_idf, bm25_weight
-        from docembed.text import analyze
+        from docembed.text import term_counts
 
         column: dict[str, int] = {}
         ids, rows, cols, counts, lengths = [], [], [], [], []
         for document in documents:
-            tokens = analyze(document.text, analyzer, lowercase)
-            tf = Counter(tokens)
+            tf = term_counts(document.text, analyzer, lowercase)  # a long text block by block
             rows.extend([len(ids)] * len(tf))
             cols.extend(column.setdefault(term, len(column)) for term in tf)
             counts.extend(tf.values())
-            lengths.append(len(tokens))
+            lengths.append(sum(tf.values()))
             ids.append(document.id)
         if not ids:
             raise DocembedError("cannot build an index over zero documents")

@@ -12,6 +12,7 @@ the same bytes. Paragraph Vector has its own per-text pool (`set_workers`); Ray 
 from __future__ import annotations
 
 import multiprocessing
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from docembed.encoding import Coverage, capped
 from docembed.errors import DocembedError
 from docembed.io.readers import Document, batched
 from docembed.models.base import EncodeSettings
-from docembed.runtime import progress_bar, raise_if_interrupted
+from docembed.runtime import batches_reported_to, progress_bar, raise_if_interrupted, reported_share
 from docembed.types import EmbeddingSet, Vectors, concat_vectors
 
 # Texts per piece = batches per piece x batch size: enough for a family that sorts a call's texts by length
@@ -85,15 +86,16 @@ def encode_documents_in_processes(
             yield [document.text for document in piece]
 
     count = coverage is not None
-    if workers == 1:
-        results = (encode_piece(model, piece, batch_size, count) for piece in pieces())
-        parts = _collect(results, model.name, total, coverage)
-    else:
-        if (
-            spec.settings.backend or spec.settings.precision
-        ):  # export the converted model once, here, before the workers
-            model.encode([""], batch_size=1)  # look for it in the cache (each would export it otherwise)
-        parts = _collect(_in_workers(spec, workers, pieces(), batch_size, count), model.name, total, coverage)
+    if workers > 1 and (spec.settings.backend or spec.settings.precision):
+        # export the converted model once, here, before the workers (each would export it otherwise)
+        model.encode([""], batch_size=1)  # finds it in the cache, or makes it
+    with progress_bar(f"encode [{model.name}]", total=total, unit="documents") as bar:
+        progress = PieceProgress(bar)
+        if workers == 1:
+            results = _in_this_process(model, pieces(), batch_size, count, progress)
+        else:
+            results = _in_workers(spec, workers, pieces(), batch_size, count, progress)
+        parts = _collect(results, coverage)
     if not ids:
         if allow_empty:  # an empty shard: the parent's model gives the width
             from docembed.encoding import encode_documents
@@ -106,39 +108,134 @@ def encode_documents_in_processes(
     return EmbeddingSet(concat_vectors(parts), ids, metadata)
 
 
-def _collect(results, name: str, total: int | None, coverage: Coverage | None) -> list[Vectors]:
+def _collect(results, coverage: Coverage | None) -> list[Vectors]:
     parts: list[Vectors] = []
-    with progress_bar(f"encode [{name}]", total=total) as bar:
-        for vectors, counts in results:
-            raise_if_interrupted()
-            if coverage is not None:
-                coverage.add(counts)
-            parts.append(vectors)
-            bar.advance(len(vectors))
+    for vectors, counts in results:
+        raise_if_interrupted()
+        if coverage is not None:
+            coverage.add(counts)
+        parts.append(vectors)
     return parts
 
 
-def _in_workers(spec: WorkerModel, workers: int, pieces: Iterator[list[str]], batch_size: int, count: bool):
+class PieceProgress:
+    """The texts encoded so far: whole pieces, plus the share of each piece in progress that its model
+    has reported batch by batch (`runtime.report_batch`), in this process or in a worker."""
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.whole = 0
+        self.partial: dict[int, int] = {}
+
+    def report(self, piece: int, size: int, done: float, total: float) -> None:
+        share = reported_share(size, done, total)
+        if share > self.partial.get(piece, 0):
+            self.partial[piece] = share
+            self._show()
+
+    def finished(self, piece: int, size: int) -> None:
+        self.partial.pop(piece, None)
+        self.whole += size
+        self._show()
+
+    def _show(self) -> None:
+        self.bar.set_completed(self.whole + sum(self.partial.values()))
+
+
+def _in_this_process(
+    model, pieces: Iterator[list[str]], batch_size: int, count: bool, progress: PieceProgress
+):
+    for index, piece in enumerate(pieces):
+
+        def batch_done(done, total, index=index, size=len(piece)):
+            raise_if_interrupted()
+            progress.report(index, size, done, total)
+
+        with batches_reported_to(batch_done):
+            result = encode_piece(model, piece, batch_size, count)
+        progress.finished(index, len(piece))
+        yield result
+
+
+# How often the parent looks at the workers' batch reports while it waits for a piece (seconds).
+POLL_INTERVAL = 0.2
+
+
+def _in_workers(
+    spec: WorkerModel,
+    workers: int,
+    pieces: Iterator[list[str]],
+    batch_size: int,
+    count: bool,
+    progress: PieceProgress,
+):
     """The results of `encode_piece` over `pieces`, in order, from `workers` processes; at most
-    PIECES_AHEAD pieces per worker are read ahead of the one the parent waits for."""
+    PIECES_AHEAD pieces per worker are read ahead of the one the parent waits for. Each worker sends the
+    batches its model reports through a queue, so that progress moves before a whole piece is done."""
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
+    context = _context()
+    # A SimpleQueue: a worker writes its reports before its result, so the parent sees them in order.
+    reports = context.SimpleQueue()
     executor = ProcessPoolExecutor(
-        workers, mp_context=_context(), initializer=_start_worker, initargs=(spec,)
+        workers, mp_context=context, initializer=_start_worker, initargs=(spec, reports)
     )
     pending: deque = deque()
+    sizes: dict[int, int] = {}
+
+    def drain() -> None:
+        while not reports.empty():
+            index, done, total = reports.get()
+            if index in sizes:  # not a late report of a piece already counted whole
+                progress.report(index, sizes[index], done, total)
+
+    def result_of(index: int, future):
+        while True:
+            try:
+                result = future.result(timeout=POLL_INTERVAL)
+            except TimeoutError:
+                raise_if_interrupted()
+                drain()
+                continue
+            drain()
+            progress.finished(index, sizes.pop(index))
+            return result
+
     try:
-        for piece in pieces:
-            pending.append(executor.submit(_encode_in_worker, piece, batch_size, count))
+        for index, piece in enumerate(pieces):
+            sizes[index] = len(piece)
+            pending.append((index, executor.submit(_encode_in_worker, index, piece, batch_size, count)))
             if len(pending) >= workers * PIECES_AHEAD:
-                yield pending.popleft().result()
+                yield result_of(*pending.popleft())
         while pending:
-            yield pending.popleft().result()
+            yield result_of(*pending.popleft())
     except BrokenProcessPool:
         raise DocembedError("an encode worker process stopped (its error is above; out of memory?)") from None
     finally:
+        _shut_down(executor, reports)
+
+
+def _shut_down(executor, reports) -> None:
+    """Stop the workers, reading their reports meanwhile: after an error nothing else reads them, and a
+    worker blocked on a full pipe of reports would never finish its piece."""
+    stopping = threading.Event()
+
+    def discard() -> None:
+        while not stopping.is_set():
+            if reports.empty():
+                stopping.wait(0.05)
+            else:
+                reports.get()
+
+    reader = threading.Thread(target=discard, daemon=True)
+    reader.start()
+    try:
         executor.shutdown(wait=True, cancel_futures=True)
+    finally:
+        stopping.set()
+        reader.join()
+        reports.close()
 
 
 def _context():
@@ -153,18 +250,25 @@ def _context():
 
 # --- in the worker process -----------------------------------------------------------------------------
 _worker_model = None
+_reports = None
 
 
-def _start_worker(spec: WorkerModel) -> None:
-    global _worker_model
+def _start_worker(spec: WorkerModel, reports=None) -> None:
+    global _worker_model, _reports
     import signal
 
     from docembed.runtime import settings
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     settings.device, settings.seed, settings.quiet, settings.progress = spec.device, spec.seed, True, False
+    _reports = reports
     _worker_model = spec.load()
 
 
-def _encode_in_worker(texts: list[str], batch_size: int, count: bool):
-    return encode_piece(_worker_model, texts, batch_size, count)
+def _encode_in_worker(index: int, texts: list[str], batch_size: int, count: bool):
+    def batch_done(done, total):
+        if _reports is not None:
+            _reports.put((index, done, total))
+
+    with batches_reported_to(batch_done):
+        return encode_piece(_worker_model, texts, batch_size, count)

@@ -1,11 +1,12 @@
 """Process-wide settings chosen by the CLI's global options, plus the helpers that honour them:
-device resolution, seeding and progress bars (rich, on stderr, only when stderr is a terminal)."""
+device resolution, seeding and progress (a rich bar on a terminal, status lines off one with -v)."""
 
 from __future__ import annotations
 
 import os
 import random
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -121,10 +122,22 @@ def debug(message: str) -> None:
         stderr_console().print(f"[dim]{message}[/dim]", highlight=False)
 
 
+# Off a terminal, -v prints one status line at most this often (and one at the end); tests set it to 0.
+STATUS_INTERVAL = 10.0
+
+
+def progress_mode() -> str | None:
+    """How progress is shown: "bar" (rich, on a terminal or when forced), "lines" (off a terminal with -v:
+    a periodic one-line status that a log file can keep), or None (-q, or off a terminal without -v)."""
+    if settings.quiet or settings.progress is False:
+        return None
+    if settings.progress or sys.stderr.isatty():
+        return "bar"
+    return "lines" if settings.verbose else None
+
+
 def progress_enabled() -> bool:
-    if settings.quiet:
-        return False
-    return sys.stderr.isatty() if settings.progress is None else settings.progress
+    return progress_mode() is not None
 
 
 @contextmanager
@@ -211,6 +224,9 @@ class _NullBar:
     def advance(self, n: int = 1) -> None:
         pass
 
+    def set_completed(self, n: int) -> None:
+        pass
+
     def update(self, **fields) -> None:
         pass
 
@@ -222,18 +238,103 @@ class _RichBar:
     def advance(self, n: int = 1) -> None:
         self._progress.advance(self._task, n)
 
+    def set_completed(self, n: int) -> None:
+        self._progress.update(self._task, completed=n)
+
     def update(self, **fields) -> None:
         """Free-form fields (loss, tokens/s, ...) shown after the bar."""
         text = "  ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in fields.items())
         self._progress.update(self._task, info=text)
 
 
+def rate_unit(unit: str) -> str:
+    return "docs/s" if unit == "documents" else f"{unit}/s"
+
+
+def duration(seconds: float) -> str:
+    """21m54s, 1h02m, 9s: short enough for a status line."""
+    seconds = max(int(round(seconds)), 0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s" if minutes else f"{seconds}s"
+
+
+class _StatusLines:
+    """Progress off a terminal (-v): `encode [m]: 1,024/50,000 documents, 37.2 docs/s, ETA 21m54s` on
+    stderr at the first step, then at most every STATUS_INTERVAL seconds, and once at the end. Steps may
+    come from another thread (a model's own pool), hence the lock."""
+
+    def __init__(self, description: str, total: int | None, unit: str):
+        import threading
+
+        self.description, self.total, self.unit = description, total, unit
+        self.done = 0
+        self.started = time.perf_counter()
+        self.printed_at: float | None = None
+        self.printed_done = -1
+        self.first_step: tuple[float, int] | None = None
+        self._lock = threading.Lock()
+
+    def advance(self, n: int = 1) -> None:
+        self.set_completed(self.done + n)
+
+    def set_completed(self, n: int) -> None:
+        with self._lock:
+            self.done = n
+            now = time.perf_counter()
+            if self.first_step is None and n:
+                self.first_step = (now, n)
+            due = self.printed_at is None or now - self.printed_at >= STATUS_INTERVAL
+            # the last step is left to the closing line, which says how long it all took
+            if n and n != self.printed_done and n != self.total and due:
+                self._print(now)
+
+    def update(self, **fields) -> None:
+        pass  # the line carries its own rate; free-form fields are for the bar
+
+    def close(self) -> None:
+        with self._lock:
+            if self.done:
+                self._print(time.perf_counter(), final=True)
+
+    def _print(self, now: float, final: bool = False) -> None:
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.done / elapsed
+        if not final and self.first_step and now > self.first_step[0] and self.done > self.first_step[1]:
+            # the pace since the first step: loading the model (in each worker too) is not part of it
+            rate = (self.done - self.first_step[1]) / (now - self.first_step[0])
+        count = f"{self.done:,}" if self.total is None else f"{self.done:,}/{self.total:,}"
+        line = f"{self.description}: {count} {self.unit}, {rate:.1f} {rate_unit(self.unit)}"
+        if final:
+            line += f", done in {duration(elapsed)}"
+        elif self.total:
+            line += f", ETA {duration((self.total - self.done) / rate)}" if rate > 0 else ""
+        # plain print: rich would read [model] in a description as markup
+        print(line, file=sys.stderr, flush=True)
+        self.printed_at, self.printed_done = now, self.done
+
+
 @contextmanager
-def progress_bar(description: str, total: int | None = None) -> Iterator[_NullBar | _RichBar]:
-    """A progress bar on stderr, or a no-op when -q is set or stderr is not a terminal."""
-    if not progress_enabled():
+def progress_bar(
+    description: str, total: int | None = None, unit: str | None = None
+) -> Iterator[_NullBar | _RichBar | _StatusLines]:
+    """Progress on stderr (see `progress_mode`): a rich bar on a terminal; off a terminal with -v, status
+    lines for a bar that counts a `unit` ("documents", "texts"); nothing with -q. `unit` also adds the
+    rate (docs/s) to the bar."""
+    mode = progress_mode()
+    if mode == "lines" and unit:
+        lines = _StatusLines(description, total, unit)
+        try:
+            yield lines
+        finally:
+            lines.close()
+        return
+    if mode != "bar":
         yield _NullBar()
         return
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -249,8 +350,94 @@ def progress_bar(description: str, total: int | None = None) -> Iterator[_NullBa
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TimeRemainingColumn(),
-        TextColumn("{task.fields[info]}"),
     ]
+    if unit:
+        columns.append(_rate_column(rate_unit(unit)))
+    columns.append(TextColumn("{task.fields[info]}"))
     with Progress(*columns, console=stderr_console(), transient=False) as progress:
-        task = progress.add_task(description, total=total, info="")
+        # escaped: the column reads markup, and "[sbert]" in "encode [sbert]" would vanish as a style tag
+        task = progress.add_task(escape(description), total=total, info="")
         yield _RichBar(progress, task)
+
+
+def _rate_column(label: str):
+    from rich.progress import ProgressColumn
+    from rich.text import Text
+
+    class RateColumn(ProgressColumn):
+        def render(self, task) -> Text:
+            speed = "" if task.speed is None else f"{task.speed:.1f} {label}"
+            return Text(speed, style="progress.data.speed")
+
+    return RateColumn()
+
+
+# --- progress from inside one model call ------------------------------------------------------------------
+# The encode loops hand a model many texts per call (a chunk of 1,024: a family sorts a call's texts by
+# length, so the chunk decides its batches and so the exact vectors). A family reports each batch it
+# finishes with `report_batch`, and the loop moves its progress within the call.
+_batch_listener = None
+
+
+def report_batch(done: float, total: float) -> None:
+    """For a model's encode, after each batch: `done` of the `total` units of work of this call (texts,
+    windows, ...) are finished. A no-op unless an encode loop listens (`batches_reported_to`)."""
+    listener = _batch_listener
+    if listener is not None and total > 0:
+        listener(done, total)
+
+
+@contextmanager
+def batches_reported_to(listener) -> Iterator[None]:
+    """Within the block, `report_batch(done, total)` calls `listener(done, total)`."""
+    global _batch_listener
+    before = _batch_listener
+    _batch_listener = listener
+    try:
+        yield
+    finally:
+        _batch_listener = before
+
+
+@contextmanager
+def reporting_texts(first: int, count: int, total: int) -> Iterator[None]:
+    """For a family whose encode runs its texts in parts (the usual ones together, each long one streamed
+    in sub-calls): within the block the reports, in whatever units the part counts, stand for `count` of
+    the call's `total` texts after the `first` ones; the block's end reports them done."""
+    global _batch_listener
+    outer = _batch_listener
+    if outer is None:
+        yield
+        return
+
+    def within(done: float, total_of_part: float) -> None:
+        outer(first + count * min(done, total_of_part) / total_of_part, total)
+
+    _batch_listener = within
+    try:
+        yield
+    finally:
+        _batch_listener = outer
+    outer(first + count, total)
+
+
+def reported_share(size: int, done: float, total: float) -> int:
+    """How many of a call's `size` texts a report of `done` of `total` units of work stands for."""
+    # the small margin: a share such as 3/10 is 0.29999... in floating point, and stands for 3 texts of 10
+    return min(size, int(size * min(done, total) / total + 1e-9)) if total > 0 else 0
+
+
+class ChunkProgress:
+    """The listener for one model call over `size` texts after `before` were done: moves `bar` to
+    before + the share the model reports (never backwards: a fusion's second model starts again from 0),
+    and honours Ctrl-C between batches."""
+
+    def __init__(self, bar, before: int, size: int):
+        self.bar, self.before, self.size, self.seen = bar, before, size, 0
+
+    def __call__(self, done: float, total: float) -> None:
+        raise_if_interrupted()
+        share = reported_share(self.size, done, total)
+        if share > self.seen:
+            self.seen = share
+            self.bar.set_completed(self.before + share)

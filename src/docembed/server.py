@@ -78,6 +78,9 @@ MAX_SCORES = 1024 * 1024
 LISTEN_BACKLOG = 1024
 # How often (seconds) a request may look at the files it serves for a change: a stat each, no more.
 RELOAD_INTERVAL = 1.0
+# Seconds a connection may wait on its client (`serve --request-timeout`): a client that sends half a request,
+# or keeps an idle connection open, is cut off then instead of holding a server thread forever.
+REQUEST_TIMEOUT = 60.0
 
 
 class BadRequest(Exception):
@@ -403,13 +406,25 @@ class _Server(ThreadingHTTPServer):
         super().handle_error(request, client_address)
 
 
-def make_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 8765) -> ThreadingHTTPServer:
+def make_server(
+    service: EmbeddingService,
+    host: str = "127.0.0.1",
+    port: int = 8765,
+    request_timeout: float = REQUEST_TIMEOUT,
+) -> ThreadingHTTPServer:
     """An HTTP server bound to (host, port) that answers with `service`; port 0 picks a free port
-    (`server.server_address` says which). Call `serve_forever()` on it."""
+    (`server.server_address` says which). Call `serve_forever()` on it. Each read from or write to a
+    client waits at most `request_timeout` seconds: a request line or headers cut short close the
+    connection, a body cut short gets a 408 first."""
+    if not request_timeout > 0:
+        raise UsageError(f"the request timeout must be a positive number of seconds, not {request_timeout}")
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "docembed"
         protocol_version = "HTTP/1.1"
+        # the socket timeout of every connection (socketserver sets it); the standard library closes a
+        # connection whose request line or headers time out, _body answers a body that does
+        timeout = request_timeout
 
         def do_GET(self):  # noqa: N802 (the standard library's names)
             self._respond("GET")
@@ -479,7 +494,12 @@ def make_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 
                     f"the request body is over {MAX_BODY_BYTES // 2**20} MiB",
                     HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                 )
-            raw = self.rfile.read(length) if length else b""
+            try:
+                raw = self.rfile.read(length) if length else b""
+            except TimeoutError:
+                self.close_connection = True  # the rest of the body may still come: not a next request
+                late = f"the request body did not arrive within {request_timeout:g} s"
+                raise BadRequest(late, HTTPStatus.REQUEST_TIMEOUT) from None
             if method != "POST":
                 return {}
             try:
@@ -503,7 +523,7 @@ def make_server(service: EmbeddingService, host: str = "127.0.0.1", port: int = 
             """Read and drop an over-size body (up to MAX_DISCARD_BYTES), so the client reads its 413."""
             if not 0 < self._unread <= MAX_DISCARD_BYTES:
                 return
-            self.connection.settimeout(10)  # a client that stops sending does not hold the thread
+            self.connection.settimeout(min(10, request_timeout))  # a stalled client does not hold the thread
             try:
                 while self._unread > 0:
                     chunk = self.rfile.read(min(self._unread, 1 << 20))

@@ -1,16 +1,92 @@
-"""Tensor helpers shared by the neural families."""
+"""Tensor helpers shared by the neural families, and how a long text is cut: into windows of tokens
+(`token_windows`), and into blocks read one at a time (`text_blocks`, `streamed_token_windows`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: text.py's word models read blocks without it
+    import torch
+
+# A text longer than STREAM_CHARS is read in blocks of about BLOCK_CHARS characters (tokenized, windowed and
+# pooled block by block), so its cost in memory is a block's, not the text's: a 50 MB one-line document once
+# took GBs in the tokenizer. Shorter texts go through in one call, as always.
+STREAM_CHARS = 1_000_000
+BLOCK_CHARS = 100_000
+# A long text's windows go through the model at most this many tokens a batch (at least one window): the
+# student's 2,048-token passes, 32 at a time, once held 1.8 GB of activations.
+STREAM_BATCH_TOKENS = 8192
+_BLANKS = (" ", "\n", "\t", "\r")
+
+
+def is_long(text: str) -> bool:
+    """Whether `text` is read in blocks (see STREAM_CHARS); read at call time, so tests can lower it."""
+    return len(text) > STREAM_CHARS
+
+
+def stream_batch(batch_size: int, width: int) -> int:
+    """How many windows of `width` tokens a long text's batch holds: `batch_size`, or fewer to stay within
+    STREAM_BATCH_TOKENS."""
+    return max(1, min(batch_size, STREAM_BATCH_TOKENS // max(width, 1)))
+
+
+def text_blocks(text: str, size: int | None = None, start: int = 0, stop: int | None = None) -> Iterator[str]:
+    """`text[start:stop]` in consecutive pieces of at most `size` characters (BLOCK_CHARS), each cut just
+    before a blank in its second half, so a blank starts the next piece: a tokenizer that splits at blanks
+    (WordPiece, byte-level BPE, the word tokenizers of text.py) gives the same tokens piece by piece as for
+    the whole. Only a run of size / 2 characters without a blank is cut where it is. One piece for ''."""
+    size = size or BLOCK_CHARS
+    stop = len(text) if stop is None else stop
+    while True:
+        end = start + size
+        if end >= stop:
+            yield text[start:stop]
+            return
+        cut = max(text.rfind(blank, start + size // 2, end) for blank in _BLANKS)
+        end = cut if cut > start else end
+        yield text[start:end]
+        start = end
+
+
+def tokenized_blocks(tokenize: Callable[[str], Sequence[int]], text: str) -> Iterator[Sequence[int]]:
+    """`tokenize` (a text's token ids, no special tokens) applied to `text` block by block (text_blocks)."""
+    for block in text_blocks(text):
+        yield tokenize(block)
+
+
+def streamed_token_windows(
+    pieces: Iterable[Sequence[int]], width: int, overlap: int = 0
+) -> Iterator[tuple[int, list[int]]]:
+    """`token_windows` of the ids that `pieces` give end to end, yielded as the pieces arrive: the same
+    windows in the same order, holding at most a window and a piece of ids."""
+    if width < 1 or not 0 <= overlap < width:
+        raise ValueError(f"windows need width >= 1 and 0 <= overlap < width, got {width}, {overlap}")
+    step = width - overlap
+    buffer: list[int] = []
+    first = 0  # the text's token index of buffer[0]
+    start = 0  # the next window's first token
+    for piece in pieces:
+        buffer.extend(piece)
+        while start + width <= first + len(buffer):  # a full window: token_windows has it, whatever follows
+            yield start, buffer[start - first : start - first + width]
+            start += step
+        if start > first:
+            del buffer[: start - first]
+            first = start
+    total = first + len(buffer)
+    while start < max(total - overlap, 1):  # the last, shorter windows (one empty window for no ids)
+        yield start, buffer[start - first : start - first + width]
+        start += step
 
 
 def pad_sequences(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Token-id sequences (lists or int arrays) -> (ids, mask), both (n, longest) int64 tensors, right-padded
     with `pad_id`; mask is 1 on real tokens. At least one column, so all-empty input still has a shape."""
+    import torch
+
     lengths = np.fromiter((len(s) for s in sequences), dtype=np.int64, count=len(sequences))
     width = max(1, int(lengths.max(initial=0)))
     mask = np.arange(width) < lengths[:, None]

@@ -13,10 +13,12 @@ import functools
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
+from docembed import tensors
 from docembed.errors import CorruptModelError
+from docembed.tensors import is_long, text_blocks
 
 PAD = "<pad>"
 UNK = "<unk>"
@@ -71,6 +73,28 @@ def analyze(text: str, analyzer: str = "plain", lowercase: bool = True) -> list[
     return _english_stemmer().stemWords(words)
 
 
+def term_counts(text: str, analyzer: str = "plain", lowercase: bool = True) -> Counter:
+    """How often each of `analyze(text)`'s terms occurs, in order of first occurrence. A long text is
+    analysed block by block (tensors.text_blocks, cut at blanks, which no term spans): the same counts,
+    without a list of every term of a 50 MB document in memory."""
+    if not is_long(text):
+        return Counter(analyze(text, analyzer, lowercase))
+    counts: Counter = Counter()
+    for block in text_blocks(text):
+        counts.update(analyze(block, analyzer, lowercase))
+    return counts
+
+
+def token_blocks(text: str, lowercase: bool = True, scheme: str = "ptb-v1") -> Iterator[list[str]]:
+    """`tokenize(text)` in consecutive parts: the whole list for a text of usual length, else block by
+    block (tensors.text_blocks); concatenated, the parts are exactly `tokenize(text)`."""
+    if not is_long(text):
+        yield tokenize(text, lowercase, scheme)
+        return
+    for block in text_blocks(text):
+        yield tokenize(block, lowercase, scheme)
+
+
 @functools.cache
 def _english_stemmer():
     import Stemmer  # PyStemmer: the Snowball stemmers, in C
@@ -89,6 +113,52 @@ def split_sentences(text: str) -> list[str]:
         if block:
             sentences.extend(s for s in punkt.sent_tokenize(block) if s.strip())
     return sentences
+
+
+# A sentence carried over from block to block longer than this is given out as it stands: only a paragraph
+# with no sentence end in a million characters gets split where Punkt would not have split it.
+_LONGEST_CARRY = 1_000_000
+
+
+def iter_sentences(text: str) -> Iterator[str]:
+    """`split_sentences(text)`, one sentence at a time. A long text (tensors.is_long) is split block by
+    block: each paragraph's blanks are collapsed piece by piece, and Punkt runs on the sentence carried
+    over from the block before plus the next block, giving out all but the last sentence it finds (whose
+    end the next block decides). Punkt decides a boundary from the words on either side of it, so the
+    sentences are those of the whole text, in bounded memory."""
+    if not is_long(text):
+        yield from split_sentences(text)
+        return
+    start = 0
+    for match in [*_PARAGRAPH.finditer(text), None]:
+        end = match.start() if match else len(text)
+        yield from _paragraph_sentences(text, start, end)
+        start = match.end() if match else end
+
+
+def _paragraph_sentences(text: str, start: int, stop: int) -> Iterator[str]:
+    """The sentences of the paragraph text[start:stop], as split_sentences splits it."""
+    import punkt
+
+    if stop - start <= tensors.BLOCK_CHARS:
+        block = " ".join(text[start:stop].split())
+        yield from (s for s in punkt.sent_tokenize(block) if s.strip()) if block else ()
+        return
+    splitter = punkt.tokenizer_for("english")  # what sent_tokenize uses
+    carry = ""
+    for piece in text_blocks(text, start=start, stop=stop):
+        words = " ".join(piece.split())  # cut at blanks: the pieces' words are the paragraph's
+        if not words:
+            continue
+        buffer = f"{carry} {words}" if carry else words
+        spans = [(a, b) for a, b in splitter.span_tokenize(buffer) if buffer[a:b].strip()]
+        for a, b in spans[:-1]:
+            yield buffer[a:b]
+        carry = buffer[spans[-1][0] :] if spans else ""
+        if len(carry) > _LONGEST_CARRY:
+            yield carry
+            carry = ""
+    yield from (s for s in punkt.sent_tokenize(carry) if s.strip()) if carry else ()
 
 
 class Vocabulary:

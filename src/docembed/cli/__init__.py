@@ -127,7 +127,7 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _terminate)
     signal.signal(signal.SIGINT, on_interrupt)
     try:
-        code = app(args=global_options_first(sys.argv[1:]), standalone_mode=False)
+        code = _run_command()
         if code == 130:  # typer turns Ctrl-C inside a command into exit code 130
             print("docembed: interrupted", file=sys.stderr)
     except ClickException as error:  # bad option or argument: usage error, exit 2
@@ -165,6 +165,18 @@ def main() -> None:
     except RecursionError:  # a reader missed a deeply nested value: still no traceback
         code = _fail("input nested too deeply to read", 1)
     sys.exit(code or 0)
+
+
+def _run_command():
+    """The command, holding the outputs it checks from the check until they are written (io/outputs.py:
+    a second docembed writing the same file fails at once). Not under torchrun with several ranks: they
+    check the same outputs, and rank 0 writes them."""
+    from contextlib import nullcontext
+
+    from docembed.io.outputs import output_claims
+
+    with output_claims() if torchrun_rank()[1] == 1 else nullcontext():
+        return app(args=global_options_first(sys.argv[1:]), standalone_mode=False)
 
 
 # The root's options: those without a value, and those that take one.

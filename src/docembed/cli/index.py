@@ -44,8 +44,25 @@ def build(
         "--analyzer",
         help="bm25: plain (words, lower-cased) | english (+ stopwords out, Snowball stems).",
     ),
+    store: str = typer.Option(
+        "faiss",
+        "--store",
+        help="faiss (index.faiss + ids) | lance (a LanceDB table: filters, stored text, hybrid search, "
+        "updates and versions). Lance types: flat | ivf_flat | ivf_pq | ivf_hnsw_sq | ivf_hnsw_pq "
+        "(hnsw, ivf: ivf_hnsw_sq, ivf_flat).",
+    ),
+    text_from: str = typer.Option(
+        None,
+        "--text-from",
+        help="--store lance: corpus whose texts are stored per id (full-text searchable).",
+    ),
+    fields: str = typer.Option(
+        None,
+        "--fields",
+        help="--store lance: scalar fields of the corpus rows to store per id (a,b), for --where.",
+    ),
 ) -> None:
-    """Build a faiss index (with ids) over dense or multi-vector embeddings.
+    """Build a faiss index (with ids) over dense or multi-vector embeddings, or a Lance table (--store lance).
 
     An existing index is replaced with --overwrite, or when EMBEDDINGS is newer than it; a rebuild that
     would undo what `index add` / `index remove` changed since it was built (added documents EMBEDDINGS
@@ -54,11 +71,20 @@ def build(
     Example: docembed index build docs.npy -o docs.index && docembed search docs.index --query "cats"
     """
     from docembed.errors import DocembedError, UsageError
-    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
+    from docembed.faiss_index import VectorIndex
     from docembed.io.embeddings import load_embeddings
     from docembed.io.outputs import check_output, directory_output
+    from docembed.lance_index import ANY_INDEX_DIRECTORY as INDEX_DIRECTORY  # a Lance folder may go too
     from docembed.runtime import log
 
+    if store not in ("faiss", "lance"):
+        raise UsageError(f"--store is faiss or lance, not {store!r}")
+    if store == "lance":
+        options = (kind, storage, overwrite, allow_duplicate_ids, text_from, fields, id_field, text_field)
+        _build_lance(embeddings, output, *options)
+        return
+    if text_from is not None or fields is not None:
+        raise UsageError("--text-from and --fields store text and fields in a Lance index: add --store lance")
     check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
     if analyzer is not None and kind != "bm25":
         raise UsageError("--analyzer is for bm25 indexes (--type bm25)")
@@ -86,6 +112,124 @@ def build(
         index.save(staging)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
     log(f"indexed {what} ({kind}, {storage}) -> {output}")
+
+
+def _build_lance(
+    embeddings, output, kind, storage, overwrite, allow_duplicate_ids, text_from, fields, id_field, text_field
+) -> None:
+    from docembed.errors import UsageError
+    from docembed.io.embeddings import load_embeddings
+    from docembed.io.outputs import check_output, directory_output
+    from docembed.lance_index import ANY_INDEX_DIRECTORY, KINDS, LanceIndex, corpus_columns
+    from docembed.runtime import log
+
+    inputs = [path for path in (embeddings, text_from) if path]
+    check_output(output, overwrite, directory=True, inputs=inputs, kind=ANY_INDEX_DIRECTORY)
+    if kind not in KINDS:
+        raise UsageError(f"unknown Lance index type {kind!r}; choose one of {', '.join(KINDS)}")
+    if allow_duplicate_ids:
+        raise UsageError("a Lance index keys its rows by id: --allow-duplicate-ids is for faiss indexes")
+    names = _field_names(fields)
+    if names and text_from is None:
+        raise UsageError("--fields reads the corpus rows: give --text-from CORPUS")
+    if text_from is not None:
+        common.reader(text_from, None, id_field, text_field, False)  # a wrong corpus fails before any work
+    emb = load_embeddings(embeddings)
+    _refuse_duplicates(embeddings, emb.ids)
+    _refuse_undoing_lance_changes(output, embeddings, emb.ids, overwrite)
+    texts, values = None, {}
+    if text_from is not None:
+        texts, values = corpus_columns(text_from, names, set(emb.ids), id_field, text_field)
+        _warn_missing(text_from, emb.ids, texts)
+    with directory_output(output, ANY_INDEX_DIRECTORY, overwrite, inputs=inputs) as staging:
+        # again, under the write lock: an `index add` may have committed while the corpus was read
+        _refuse_undoing_lance_changes(output, embeddings, emb.ids, overwrite)
+        index = LanceIndex.build(staging, emb, kind, storage, texts, values)
+    what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
+    stored = ", text" if texts is not None else ""
+    stored += "".join(f", {name}" for name in names)
+    log(f"indexed {what} (lance {kind}, {storage}{stored}; version {index.version}) -> {output}")
+
+
+def _refuse_undoing_lance_changes(output, source, ids, overwrite: bool) -> None:
+    """The Lance form of `_refuse_undoing_changes`: a rebuild of a Lance index made stale by `source`
+    that would drop documents added since it was built, or bring back removed ones (its build version
+    against its latest, while the build version is on disk), is refused unless --overwrite."""
+    from docembed.errors import DocembedError
+    from docembed.lance_index import changes_since_build, is_lance_dir
+
+    if overwrite or not is_lance_dir(output):
+        return
+    added, removed = changes_since_build(output)
+    have = set(ids)
+    dropped = [i for i in added if i not in have]
+    revived = [i for i in removed if i in have]
+    if dropped:
+        raise DocembedError(
+            f"{output} holds {len(dropped)} document(s) added since it was built (first: {dropped[0]!r}) "
+            f"that {source} lacks: a rebuild from {source} would drop them; pass --overwrite to rebuild from "
+            f"{source} alone, or encode them into {source} first"
+        )
+    if revived:
+        raise DocembedError(
+            f"{output} lacks {len(revived)} document(s) removed since it was built (first: {revived[0]!r}) "
+            f"that {source} still holds: a rebuild from {source} would bring them back; pass --overwrite to "
+            f"rebuild from {source} alone, or take them out of {source} first"
+        )
+
+
+def _field_names(fields: str | None) -> list[str]:
+    from docembed.errors import UsageError
+
+    if fields is None:
+        return []
+    names = [name.strip() for name in fields.split(",")]
+    if not all(names) or len(set(names)) != len(names):
+        raise UsageError(f"--fields takes distinct names separated by commas, not {fields!r}")
+    return names
+
+
+def _refuse_duplicates(source: str, ids) -> None:
+    from docembed.errors import DocembedError
+
+    duplicates = len(ids) - len(set(ids))
+    if duplicates:
+        first = next(i for i, n in _counts(ids).items() if n > 1)
+        raise DocembedError(
+            f"{source}: {duplicates} duplicate id(s) (first: {first!r}): a Lance index keys its rows by id"
+        )
+
+
+def _warn_missing(corpus: str, ids, texts) -> None:
+    from docembed.runtime import log
+
+    missing = [i for i in ids if i not in texts]
+    if missing:
+        log(f"warning: {len(missing)} id(s) not in {corpus} (first: {missing[0]!r}): their text is null")
+
+
+def _lance_changes(index, embeddings, text_from):
+    """What `index add` / `index update` give a Lance index: the embeddings, and with --text-from the texts
+    and the index's own fields read from that corpus."""
+    from docembed.io.embeddings import load_embeddings
+    from docembed.lance_index import corpus_columns
+
+    if text_from is not None:
+        common.reader(text_from, None, "id", "text", False)
+    emb = load_embeddings(embeddings)
+    if text_from is None:
+        return emb, None, {}
+    texts, values = corpus_columns(text_from, index.fields, set(emb.ids), with_text=index.has_text)
+    if texts is not None:
+        _warn_missing(text_from, emb.ids, texts)
+    return emb, texts, values
+
+
+def _lance(index: str):
+    """The Lance index at `index`, or None when it is a faiss or bm25 one."""
+    from docembed.lance_index import LanceIndex, is_lance_dir
+
+    return LanceIndex.open(index) if is_lance_dir(index) else None
 
 
 def _build_bm25(corpus, output, overwrite, allow_duplicate_ids, id_field, text_field, analyzer) -> None:
@@ -168,6 +312,9 @@ def add(
     compact: bool = typer.Option(
         False, "--compact", help="Rewrite the index as one file now instead of appending a segment."
     ),
+    text_from: str = typer.Option(
+        None, "--text-from", help="Lance index: corpus holding the new documents' texts (and fields)."
+    ),
 ) -> None:
     """Append documents to an index: their ids must be new. The new vectors are written as a segment
     beside the index (its meta.json, replaced last, commits the add), so the cost is theirs, not the
@@ -175,11 +322,22 @@ def add(
     the documents the index is rewritten as one file (also with --compact).
 
     Example: docembed encode more.jsonl -m glove-avg -o more.npy && docembed index add docs.index more.npy
+
+    A Lance index (--store lance) appends them in one commit: a new version.
     """
+    from docembed.errors import UsageError
     from docembed.faiss_index import VectorIndex
     from docembed.io.embeddings import load_embeddings
     from docembed.runtime import log
 
+    lance = _lance(index)
+    if lance is not None:
+        emb, texts, values = _lance_changes(lance, embeddings, text_from)
+        version = lance.add(emb, texts, values)
+        log(f"added {len(emb)} documents to {index} (version {version})")
+        return
+    if text_from is not None:
+        raise UsageError("--text-from stores text in a Lance index (index build --store lance)")
     _refuse_bm25(index)
     emb = load_embeddings(embeddings)
     compacted = VectorIndex.append_saved(index, emb, compact_share=0.0 if compact else 0.1)
@@ -207,11 +365,74 @@ def remove(
         with open(ids, encoding="utf-8") as handle:
             lines = handle.read().split("\n")
     wanted = [line.removesuffix("\r") for line in lines if line.strip()]
+    lance = _lance(index)
+    if lance is not None:
+        removed, left, version = lance.remove(wanted)
+        unknown = len(set(wanted)) - removed
+        note = f" ({unknown} id(s) not in the index)" if unknown else ""
+        log(f"removed {removed} documents from {index} ({left} left, version {version}){note}")
+        return
     _refuse_bm25(index)
     removed, left = VectorIndex.remove_saved(index, wanted, inputs=[] if ids == "-" else [ids])
     unknown = len(set(wanted)) - removed
     note = f" ({unknown} id(s) not in the index)" if unknown else ""
     log(f"removed {removed} documents from {index} ({left} left){note}")
+
+
+@index_app.command("update")
+def update(
+    index: str = typer.Argument(..., help="Lance index directory (`index build --store lance`)."),
+    embeddings: str = typer.Argument(..., help="Embeddings (same model) replacing the rows with their ids."),
+    text_from: str = typer.Option(
+        None, "--text-from", help="Corpus holding the documents' new texts (and fields); else they are kept."
+    ),
+) -> None:
+    """Replace documents by id (their vectors; texts and fields too with --text-from) and insert the ids
+    that are new, in one commit (LanceDB merge_insert): a new version.
+
+    Example: docembed index update docs.lance changed.npy --text-from changed.jsonl
+    """
+    from docembed.errors import UsageError
+    from docembed.runtime import log
+
+    lance = _lance(index)
+    if lance is None:
+        raise UsageError(
+            f"{index} is not a Lance index: for a faiss index, `index remove` the ids, then `index add`"
+        )
+    emb, texts, values = _lance_changes(lance, embeddings, text_from)
+    updated, inserted, version = lance.update(emb, texts, values)
+    log(f"updated {updated} and inserted {inserted} documents in {index} (version {version})")
+
+
+@index_app.command("compact")
+def compact(
+    index: str = typer.Argument(..., help="Index directory from `docembed index build`."),
+    prune: bool = typer.Option(
+        False, "--prune", help="Lance: delete every version but the latest (search --version can't go back)."
+    ),
+) -> None:
+    """Compact an index: a Lance table's small files merged, its indexes brought up to date with the rows
+    added since they were built (LanceDB optimize); a faiss index's added segments rewritten as one file.
+
+    Example: docembed index compact docs.lance
+    """
+    from docembed.errors import UsageError
+    from docembed.faiss_index import INDEX_DIRECTORY, VectorIndex
+    from docembed.io.outputs import directory_output
+    from docembed.runtime import log
+
+    lance = _lance(index)
+    if lance is not None:
+        version = lance.compact(prune)
+        log(f"compacted {index} (version {version}{', older versions pruned' if prune else ''})")
+        return
+    if prune:
+        raise UsageError("--prune deletes a Lance index's old versions; a faiss index keeps none")
+    _refuse_bm25(index)
+    with directory_output(index, INDEX_DIRECTORY, overwrite=True) as staging:
+        VectorIndex.load(index).save(staging)  # loaded under the lock: an add meanwhile is kept
+    log(f"compacted {index} (rewritten as one file)")
 
 
 def _counts(ids):
@@ -249,7 +470,18 @@ def search(
         "fitted fusion folder (its weight and normalisation).",
     ),
     depth: int = typer.Option(
-        100, "--depth", min=1, help="Hybrid search: hits taken from each index before they are fused."
+        100, "--depth", min=1, help="Hybrid search: hits taken from each ranking before they are fused."
+    ),
+    where: str = typer.Option(
+        None, "--where", help="Lance index: an SQL filter on its fields, applied before the vector search."
+    ),
+    hybrid: bool = typer.Option(
+        False,
+        "--hybrid",
+        help="Lance index: fuse the vector ranking with a full-text search of the stored text (RRF).",
+    ),
+    version: int = typer.Option(
+        None, "--version", min=1, help="Lance index: search this earlier version (index add/remove log it)."
     ),
 ) -> None:
     """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout or in -o FILE.
@@ -257,6 +489,8 @@ def search(
     Example: docembed search docs.index --query "how do I catch an exception" -k 5
 
     Hybrid: docembed search docs.index --lexical-index docs.bm25 -m fusion-dir --query "..."
+
+    Lance: docembed search docs.lance --query "..." --where "year >= 2020" --hybrid (stored text in the hits)
     """
     import json
 
@@ -270,7 +504,8 @@ def search(
     if not query and not queries and not more_like:
         raise UsageError("give --query TEXT (repeatable), --queries FILE or --id ID")
     common.check_text_output(output, overwrite, [index, queries, text_from, lexical_index])
-    bm25 = BM25Index.load(index) if is_bm25_dir(index) else None
+    lance = _lance_for_search(index, where, hybrid, version, lexical_index)
+    bm25 = BM25Index.load(index) if lance is None and is_bm25_dir(index) else None
     if lexical_index is not None and (bm25 is not None or not is_bm25_dir(lexical_index)):
         raise UsageError(
             "--lexical-index takes a bm25 index (`index build CORPUS --type bm25`), beside a vector INDEX"
@@ -278,8 +513,8 @@ def search(
     lexical = BM25Index.load(lexical_index) if lexical_index is not None else None
     if bm25 is not None and more_like:
         raise UsageError("--id needs a vector index: a bm25 index holds no document vectors")
-    vector_index = VectorIndex.load(index) if bm25 is None else None
-    if vector_index is not None and resolve_device().startswith("cuda"):
+    vector_index = lance if lance is not None else VectorIndex.load(index) if bm25 is None else None
+    if lance is None and vector_index is not None and resolve_device().startswith("cuda"):
         vector_index.to_gpu()
 
     # before any model loads: the query file's first record, the corpus of --text-from, the model spec
@@ -299,7 +534,10 @@ def search(
         return ((str(i), text) for i, text in enumerate(query or []))
 
     def rows():
-        liked = vector_index.more_like(more_like, k) if more_like else []
+        if lance is not None:
+            liked = lance.more_like(more_like, k, where) if more_like else []
+        else:
+            liked = vector_index.more_like(more_like, k) if more_like else []
         for doc_id, hits in zip(more_like or [], liked, strict=True):
             yield {"query_id": doc_id, "results": hit_rows(hits)}
         if not query and not queries:
@@ -318,19 +556,61 @@ def search(
         for chunk in batched(query_items(), 256):
             texts = [text for _, text in chunk]
             vectors = encode_texts(encoder, texts, batch_size=batch_size)
-            found = search_queries(vector_index, texts, vectors, k, lexical, fusion, depth)
+            if lance is not None and hybrid:
+                found = lance.hybrid_search(texts, vectors, k, where, depth)
+            elif lance is not None:
+                found = lance.search(vectors, k, where)
+            else:
+                found = search_queries(vector_index, texts, vectors, k, lexical, fusion, depth)
             for (qid, text), hits in zip(chunk, found, strict=True):
                 yield {"query_id": qid, "query": text, "results": hit_rows(hits)}
 
     found = rows()
     if text_from:
         found = _with_texts(list(found), text_from, id_field, text_field)
+    elif lance is not None and lance.has_text:
+        found = _with_stored_texts(found, lance)
     with common.text_output(output, overwrite, [index, queries, text_from, lexical_index]) as handle:
         for row in found:
             if output_format == "trec":
                 handle.write(trec_lines(row["query_id"], row["results"], run_tag))
             else:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _lance_for_search(index, where, hybrid, version, lexical_index):
+    """The Lance index to search (at --version), or None for a faiss / bm25 one, which the Lance-only
+    options are refused for."""
+    from docembed.errors import UsageError
+    from docembed.lance_index import LanceIndex, is_lance_dir
+
+    if not is_lance_dir(index):
+        given = [
+            name
+            for name, value in (("--where", where), ("--hybrid", hybrid), ("--version", version))
+            if value
+        ]
+        if given:
+            raise UsageError(f"{', '.join(given)}: for a Lance index (`index build --store lance`)")
+        return None
+    if lexical_index is not None:
+        raise UsageError("a Lance index searches its own stored text: --hybrid instead of --lexical-index")
+    lance = LanceIndex.open(index, version)
+    if hybrid and not lance.has_text:
+        raise UsageError(f"--hybrid needs the documents' text in {index}: build it with --text-from CORPUS")
+    return lance
+
+
+def _with_stored_texts(rows, lance):
+    """Each hit with the text its Lance index stores, fetched per batch of rows."""
+    from docembed.io.readers import batched
+
+    for chunk in batched(rows, 256):
+        lance_texts = lance.texts_of([hit["id"] for row in chunk for hit in row["results"]])
+        for row in chunk:
+            for hit in row["results"]:
+                hit["text"] = lance_texts.get(hit["id"])
+        yield from chunk
 
 
 def _with_texts(rows: list[dict], corpus: str, id_field: str, text_field: str) -> list[dict]:

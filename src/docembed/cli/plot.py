@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import typer
 
 
@@ -35,6 +37,10 @@ def plot(
     from docembed.runtime import log, settings
 
     check_output_path(output, overwrite)
+    _check_image_format(output)
+    # the inputs before matplotlib (a second of imports): a wrong file or field fails at once
+    emb = load_embeddings(embeddings)
+    names = _labels(labels, emb.ids, label_field, id_field)
     try:
         import matplotlib
 
@@ -42,12 +48,9 @@ def plot(
         import matplotlib.pyplot as plt
     except ImportError:
         raise DocembedError("plot needs matplotlib: pip install 'docembed[plot]'") from None
-    _check_image_format(output)
     import numpy as np
 
-    emb = load_embeddings(embeddings)
     vectors = _dense(emb.data)
-    names = _labels(labels, emb.ids, label_field, id_field)
     rng = np.random.default_rng(settings.seed)
     keep = np.arange(len(vectors))
     if len(keep) > max_points:
@@ -57,35 +60,121 @@ def plot(
     log(f"t-SNE of {len(keep)} of {len(vectors)} embeddings (dim {vectors.shape[1]})")
     points = _tsne(vectors[keep], perplexity, settings.seed)
     kept_labels = [names[i] for i in keep]
-    classes = sorted(set(kept_labels))
-    index = {name: i for i, name in enumerate(classes)}
-    colours = plt.get_cmap("tab20" if len(classes) <= 20 else "nipy_spectral")
-    figure, axes = plt.subplots(figsize=(9, 7), dpi=90)
-    codes = np.array([index[name] for name in kept_labels])
-    for i, name in enumerate(classes):
-        rows = codes == i
-        colour = colours(i % 20) if len(classes) <= 20 else colours(i / max(len(classes) - 1, 1))
-        axes.scatter(points[rows, 0], points[rows, 1], s=3, color=colour, label=name, linewidths=0, alpha=0.8)
+    figure, axes = plt.subplots(figsize=(9, 7), dpi=110)
+    size, alpha = _marker(len(keep))
+    for group in _groups(kept_labels):
+        axes.scatter(
+            points[group.rows, 0],
+            points[group.rows, 1],
+            s=size,
+            color=group.colour,
+            label=group.legend,
+            linewidths=0,
+            alpha=alpha,
+            zorder=1 if group.other else 2,  # the grey "other" points lie under the named ones
+        )
     axes.set_xticks([])
     axes.set_yticks([])
     axes.set_title(title or f"{emb.metadata.get('model', '')} ({embeddings})", fontsize=10)
-    if len(classes) <= 30:
-        axes.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, markerscale=3, frameon=False)
+    legend = axes.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    for handle in legend.legend_handles:  # legend dots of one readable size, opaque, whatever the points
+        handle.set_sizes([30])
+        handle.set_alpha(1.0)
     figure.tight_layout()
     figure.savefig(output)
     plt.close(figure)
-    log(f"map of {len(keep)} points, {len(classes)} labels -> {output}")
+    log(f"map of {len(keep)} points, {len(set(kept_labels))} labels -> {output}")
+
+
+# Categorical colours: tab10 for up to 10 labels; tab20 for up to 20, its dark shades first so that the
+# first 10 labels differ in hue (tab20 pairs each hue's dark and light shade). Beyond 20 labels the most
+# frequent 18 keep a colour and the rest are drawn in grey as "other" (tab20's two greys are left out then).
+MAX_COLOURED = 20
+OTHER_GREY = "#b0b0b0"
+
+
+@dataclass
+class _Group:
+    legend: str
+    rows: object  # a boolean mask over the points
+    colour: tuple
+    other: bool = False
+
+
+def _palette(count: int, with_other: bool) -> list:
+    import matplotlib
+
+    if count <= 10 and not with_other:
+        return list(matplotlib.colormaps["tab10"].colors)
+    tab20 = matplotlib.colormaps["tab20"].colors
+    colours = [*tab20[0::2], *tab20[1::2]]
+    if with_other:
+        greys = {tab20[14], tab20[15]}
+        colours = [c for c in colours if c not in greys]
+    return colours
+
+
+def _groups(labels: list[str]) -> list[_Group]:
+    """One group per label (by count, then name), with a distinct colour and "name (count)" for the legend;
+    beyond MAX_COLOURED labels, the least frequent share one grey "other" group."""
+    from collections import Counter
+
+    import numpy as np
+
+    counts = Counter(labels)
+    ordered = sorted(counts, key=lambda name: (-counts[name], name))
+    with_other = len(ordered) > MAX_COLOURED
+    palette = _palette(len(ordered), with_other)
+    named = ordered[: len(palette)] if with_other else ordered
+    values = np.array(labels, dtype=object)
+    groups = [
+        _Group(f"{name} ({counts[name]:,})", values == name, palette[i]) for i, name in enumerate(named)
+    ]
+    rest = ordered[len(named) :]
+    if rest:
+        rows = ~np.isin(values, named)
+        legend = f"other: {len(rest):,} labels ({int(rows.sum()):,})"
+        groups.append(_Group(legend, rows, OTHER_GREY, other=True))
+    return groups
+
+
+def _marker(points: int) -> tuple[float, float]:
+    """(marker area in points^2, alpha): large opaque dots for a few points, smaller and translucent ones
+    as they crowd, so that dense regions show their density instead of one blot."""
+    import numpy as np
+
+    size = float(np.clip(1500 / np.sqrt(max(points, 1)), 4, 60))
+    alpha = float(np.clip(0.9 * np.sqrt(1000 / max(points, 1)), 0.35, 0.9))
+    return size, alpha
+
+
+IMAGE_FORMATS = (
+    "avif",
+    "eps",
+    "gif",
+    "jpeg",
+    "jpg",
+    "pdf",
+    "pgf",
+    "png",
+    "ps",
+    "raw",
+    "rgba",
+    "svg",
+    "svgz",
+    "tif",
+    "tiff",
+    "webp",
+)
 
 
 def _check_image_format(output: str) -> None:
     """Before any work: an output matplotlib cannot write (map.exe, no suffix) is a usage error."""
     from pathlib import Path
 
-    from matplotlib.backend_bases import FigureCanvasBase
-
     from docembed.errors import UsageError
 
-    formats = FigureCanvasBase.get_supported_filetypes()
+    formats = IMAGE_FORMATS  # matplotlib's (FigureCanvasBase.get_supported_filetypes), without importing it
     suffix = Path(output).suffix.lower().lstrip(".")
     if suffix not in formats:
         raise UsageError(

@@ -39,6 +39,13 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (no authentication)."),
     port: int = typer.Option(8765, "--port", min=0, max=65535, help="Port to listen on; 0 picks a free one."),
     batch_size: int = common.BATCH_SIZE,
+    request_timeout: float = typer.Option(
+        60.0,
+        "--request-timeout",
+        min=0.001,
+        help="Seconds a connection may wait on its client (half a request, an idle keep-alive) before it "
+        "is closed (a body cut short is answered 408 first).",
+    ),
 ) -> None:
     """Load a model once and answer HTTP requests with JSON until Ctrl-C.
 
@@ -79,7 +86,7 @@ def serve(
         depth=depth,
     )
     try:
-        server = make_server(service, host, port)
+        server = make_server(service, host, port, request_timeout)
     except OSError as error:
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     bound_host, bound_port = server.server_address[:2]

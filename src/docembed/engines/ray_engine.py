@@ -151,7 +151,9 @@ def encode_with_ray(
             total = sum(s["stop"] - s["start"] for s in todo)
             started = last_write = time.perf_counter()
             done_rows = 0
-            with progress_bar(f"encode [{model} on {workers} Ray worker(s)]", total=total) as bar:
+            with progress_bar(
+                f"encode [{model} on {workers} Ray worker(s)]", total=total, unit="documents"
+            ) as bar:
                 try:
                     for result in results:
                         shard = shards[int(result["index"])]

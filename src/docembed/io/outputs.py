@@ -25,7 +25,11 @@ any other file (the swap would delete it).
 Writes: every file of a set goes to a temporary sibling `.NAME.tmpPID` first (NAME shortened with a hash
 where the sibling's name would be too long: `sibling_stem`); only when all are complete are
 they renamed into place, under a lock (`.NAME.lock`) that also re-checks the rule, so two processes writing
-the same output cannot both succeed and a reader never sees files of two different writes. A directory
+the same output cannot both succeed and a reader never sees files of two different writes. A command
+(`output_claims`, around each CLI command) takes that lock already when `check_output` passes a file output,
+before its work, and holds it until the output is written: a second `docembed` writing the same file fails
+at once, naming the first one's pid, even with --overwrite. The lock is an flock on `.NAME.lock`, so a killed
+holder never leaves it held; the file goes when the lock is released. A directory
 output is built in a staging sibling `.NAME.tmpPID/` and swapped in under the lock, held from the start
 (the old folder renamed away to `.NAME.oldPID`, the new one renamed in, the old one removed): a kill, a
 SIGTERM or a full disk leaves the previous output as it was. Temporaries, staging folders and locks of dead
@@ -78,9 +82,22 @@ def check_output(
     kind: DirectoryKind | None = None,
 ) -> None:
     """Fail early, before any work, if `path` may not be written (see the module docstring). `kind`: what a
-    directory output is; a non-empty folder that is not one is refused."""
+    directory output is; a non-empty folder that is not one is refused. Inside `output_claims` a file output
+    that passes is claimed: this process holds its lock until it is written (or the command ends)."""
     if str(path) == "-":
         return
+    _check_output(path, overwrite, directory, inputs, kind)
+    if not directory:
+        claim_output(Path(path))
+
+
+def _check_output(
+    path: str | Path,
+    overwrite: bool,
+    directory: bool,
+    inputs: Sequence[str | Path],
+    kind: DirectoryKind | None,
+) -> None:
     target = Path(path)
     parent = target.absolute().parent
     if not parent.exists():
@@ -271,11 +288,10 @@ def sweep_stale_temporaries(
         if not match or match.group("name") not in wanted:
             continue
         pid = match.group("pid")
-        if pid is None:  # a lock: its owner's pid is inside
-            try:
-                pid = entry.read_text().strip()
-            except OSError:
-                continue
+        if pid is None:  # a lock: gone if nobody holds it (the pid inside may be reused or not written yet)
+            if _remove_unheld_lock(entry):
+                removed.append(entry)
+            continue
         if not (pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid))):
             continue
         if entry.is_dir() and not entry.is_symlink():
@@ -304,36 +320,145 @@ def _sweep_folder(entry: Path, target: Path, what: str, kind: DirectoryKind | No
     return False
 
 
-@contextmanager
-def output_lock(target: Path, kind: DirectoryKind | None = None) -> Iterator[None]:
-    """An exclusive lock on writing `target` (a `.NAME.lock` file holding our pid)."""
-    lock = target.with_name(f".{sibling_stem(target.name)}.lock")
-    sweep_stale_temporaries(target.parent, [target.name], kind)
-    # The lock appears with our pid already in it (written to `.NAME.lockPID`, then hard-linked into place,
-    # which fails if the lock exists): a kill at any moment leaves no empty lock that no sweep could judge.
-    staged = lock.with_name(f"{lock.name}{os.getpid()}")
-    staged.write_text(str(os.getpid()))
+# --- one writer per output ----------------------------------------------------------------------------------
+# The locks this process holds, by lock file: claims (taken by check_output inside `output_claims`, released
+# when the output is written or the command ends) and locks held by `output_lock` blocks.
+_CLAIMS: dict[Path, int] = {}
+_LOCKED: set[Path] = set()
+_CLAIMING = [0]  # how many `output_claims` blocks are open (claims are taken only inside one)
+
+
+def lock_path(target: Path) -> Path:
+    """The lock file of writing `target`: `.NAME.lock` beside it (in its folder resolved, so `x.npy` and
+    `./sub/../x.npy` share one)."""
+    target = Path(target).absolute()
+    return target.parent.resolve() / f".{sibling_stem(target.name)}.lock"
+
+
+def _owner(fd: int) -> str:
     try:
-        os.link(staged, lock)
-    except FileExistsError:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+    except OSError:
+        return "?"
+    return text if text.isdigit() else "?"
+
+
+def _acquire(lock: Path, target: Path) -> int | None:
+    """An exclusive flock on `lock` (created if missing), with our pid written inside; the open descriptor.
+    A lock another process (or another block of this one) holds is a DocembedError naming its pid. None
+    where the file system has no flock: the writes are then not serialised."""
+    import fcntl
+
+    while True:
         try:
-            owner = lock.read_text().strip()
-        except OSError:
-            owner = "?"
-        raise DocembedError(f"{target} is being written by another process (pid {owner})") from None
-    except OSError:  # a file system without hard links: create the lock directly
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as error:  # a read-only folder, permissions: say so of the output, not of its lock
+            raise DocembedError(f"cannot write {target}: {describe_os_error(error, path=False)}") from None
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            raise DocembedError(f"{target} is being written by another process") from None
-        os.write(fd, str(os.getpid()).encode())
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = _owner(fd)
+            os.close(fd)
+            raise DocembedError(f"another docembed is writing {target} (pid {owner})") from None
+        except OSError:  # no flock here (some network file systems)
+            os.close(fd)
+            lock.unlink(missing_ok=True)
+            return None
+        # the holder before us removes the file as it lets go: a lock on a removed file locks nothing
+        try:
+            current = os.stat(lock)
+        except FileNotFoundError:
+            current = None
+        mine = os.fstat(fd)
+        if current is not None and (current.st_ino, current.st_dev) == (mine.st_ino, mine.st_dev):
+            break
         os.close(fd)
+    pid = str(os.getpid()).encode()
+    os.pwrite(fd, pid, 0)
+    os.ftruncate(fd, len(pid))
+    return fd
+
+
+def _release(lock: Path, fd: int | None) -> None:
+    """Remove the lock file while still holding it, then let go (the order `_acquire` relies on)."""
+    if fd is None:
+        return
+    try:
+        lock.unlink(missing_ok=True)
     finally:
-        staged.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _remove_unheld_lock(lock: Path) -> bool:
+    """Remove a lock file nobody holds (left by a killed writer, or by an older docembed); False if held."""
+    import fcntl
+
+    if lock.parent.resolve() / lock.name in (*_CLAIMS, *_LOCKED):
+        return False  # ours (the flock below would fail on it anyway, from a second descriptor)
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _release(lock, fd)
+    return True
+
+
+@contextmanager
+def output_claims() -> Iterator[None]:
+    """The extent of one command: inside it `check_output` claims each file output it passes (see
+    `claim_output`); every claim still held is released at the end, whatever happens."""
+    _CLAIMING[0] += 1
     try:
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        _CLAIMING[0] -= 1
+        if not _CLAIMING[0]:
+            for lock in list(_CLAIMS):
+                _release(lock, _CLAIMS.pop(lock))
+
+
+def claim_output(target: Path) -> None:
+    """Inside `output_claims`: take the write lock of `target` now, before the work, and hold it until the
+    output is written (`release_claim`) or the command ends; a second writer of the same output fails at
+    once. Outside, nothing: the lock is taken only while the files are renamed into place."""
+    if not _CLAIMING[0] or str(target) == "-":
+        return
+    lock = lock_path(target)
+    if lock in _CLAIMS or lock in _LOCKED:
+        return
+    sweep_stale_temporaries(lock.parent, [Path(target).name])
+    fd = _acquire(lock, Path(target))
+    if fd is not None:
+        _CLAIMS[lock] = fd
+
+
+def release_claim(target: Path) -> None:
+    lock = lock_path(target)
+    if lock in _CLAIMS:
+        _release(lock, _CLAIMS.pop(lock))
+
+
+@contextmanager
+def output_lock(target: Path, kind: DirectoryKind | None = None) -> Iterator[None]:
+    """An exclusive lock on writing `target` (an flock on `.NAME.lock`, which holds our pid): the claim this
+    command holds on it already, or one taken for the block."""
+    lock = lock_path(target)
+    sweep_stale_temporaries(lock.parent, [Path(target).name], kind)
+    if lock in _CLAIMS:
+        yield
+        return
+    fd = _acquire(lock, Path(target))
+    _LOCKED.add(lock)
+    try:
+        yield
+    finally:
+        _LOCKED.discard(lock)
+        _release(lock, fd)
 
 
 class OutputSet:
@@ -383,6 +508,7 @@ class OutputSet:
                 if target.suffix in _PRIVATE_SUFFIXES:
                     follow_umask(tmp)
                 os.replace(tmp, target)
+        release_claim(self.main)  # written: another writer may go on
         return [target for _, target in ordered]
 
     def discard(self) -> None:

@@ -361,6 +361,7 @@ class DocumentReader:
                     if stop is not None and index >= stop:
                         break
                     document = self._parse_or_skip(raw, index)
+                    del raw  # not kept while the document is used: a 50 MB line would cost 50 MB more
                     if document is not None:
                         yield document
         except (OSError, EOFError, gzip.BadGzipFile) as error:

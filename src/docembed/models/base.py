@@ -340,31 +340,24 @@ def _same_kind(value: Any, default: Any) -> bool:
     return True
 
 
-# Long texts are tokenised for counting in pieces of this many characters (cut at a space), so a 20 MB
-# one-line document costs the tokenizer megabytes, not gigabytes.
-COUNT_PIECE_CHARS = 100_000
-
-
 def count_tokens(tokenizer, texts: Sequence[str]) -> list[int]:
-    """Tokens of each text under a Hugging Face tokenizer, with the model's special tokens."""
-    pieces, owners = [], []
-    for index, text in enumerate(texts):
-        start = 0
-        while True:
-            end = start + COUNT_PIECE_CHARS
-            if end < len(text):
-                end = text.rfind(" ", start + COUNT_PIECE_CHARS // 2, end) + 1 or end
-            pieces.append(text[start:end])
-            owners.append(index)
-            if end >= len(text):
-                break
-            start = end
+    """Tokens of each text under a Hugging Face tokenizer, with the model's special tokens. A long text is
+    counted block by block (tensors.text_blocks), keeping only the counts: a 50 MB one-line document costs
+    the tokenizer a block's memory, not GBs of token lists."""
+    from docembed.tensors import is_long, text_blocks
+
+    def ids(pieces: list[str]) -> list:
+        return tokenizer(pieces, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+
     specials = tokenizer.num_special_tokens_to_add(pair=False)
+    short = [i for i, text in enumerate(texts) if not is_long(text)]
     counts = [specials] * len(texts)
-    if pieces:
-        encoded = tokenizer(pieces, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
-        for owner, ids in zip(owners, encoded, strict=True):
-            counts[owner] += len(ids)
+    if short:  # the usual texts in one call, as the model's own encode tokenizes them
+        for i, tokens in zip(short, ids([texts[i] for i in short]), strict=True):
+            counts[i] += len(tokens)
+    for i, text in enumerate(texts):
+        if is_long(text):
+            counts[i] += sum(len(tokens) for block in text_blocks(text) for tokens in ids([block]))
     return counts
 
 
@@ -449,12 +442,21 @@ def load_state_dict(module, directory: str | Path, device: str = "cpu") -> None:
 
 
 def refuse_non_finite(state: dict, path: Path) -> None:
-    """NaN or infinite weights (a diverged run, a damaged file) would encode NaN vectors in silence."""
+    """NaN or infinite weights (a diverged run, a damaged file) would encode NaN vectors in silence. `state`
+    maps names to torch tensors or numpy arrays (the families that keep their weights in numpy)."""
+    for key, array in state.items():
+        if not _all_finite(array):
+            raise CorruptModelError(f"{path} holds weights that are not finite (NaN or infinite) in {key}")
+
+
+def _all_finite(array) -> bool:
+    import numpy as np
+
+    if isinstance(array, np.ndarray):
+        return not np.issubdtype(array.dtype, np.inexact) or bool(np.isfinite(array).all())
     import torch
 
-    for key, tensor in state.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise CorruptModelError(f"{path} holds weights that are not finite (NaN or infinite) in {key}")
+    return not array.is_floating_point() or bool(torch.isfinite(array).all())
 
 
 def load_untied_state(module, state: dict, mismatch: str) -> None:

@@ -22,6 +22,8 @@ names a word2vec/GloVe text file (a `count dim` header line is recognised and sk
 from __future__ import annotations
 
 import json
+import math
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,9 +31,10 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import CorruptModelError, DocembedError, UsageError
-from docembed.models.base import Encoder, EncoderConfig, read_config, save_encoder
+from docembed.models.base import Encoder, EncoderConfig, read_config, refuse_non_finite, save_encoder
 from docembed.models.families import register
-from docembed.text import ANALYZERS, TOKENIZERS, analyze
+from docembed.tensors import is_long, text_blocks
+from docembed.text import ANALYZERS, TOKENIZERS, analyze, term_counts, token_blocks
 from docembed.text import tokenize as tokenize_words
 from docembed.types import l2_normalize, texts_hash
 
@@ -60,9 +63,11 @@ def _load_arrays(directory: Path) -> dict[str, np.ndarray]:
     if not path.exists():
         raise CorruptModelError(f"{directory}: {WEIGHTS_NAME} is missing")
     try:
-        return load_file(str(path))
+        arrays = load_file(str(path))
     except Exception as error:  # safetensors raises its own error types for truncated files
         raise CorruptModelError(f"{path} is corrupt or truncated: {error}") from None
+    refuse_non_finite(arrays, path)  # NaN idf or vectors would encode NaN in silence
+    return arrays
 
 
 def _read_vocab(directory: Path) -> dict:
@@ -155,7 +160,42 @@ class TfidfEncoder(FittedBaseline):
     def encode_sparse(self, texts: Sequence[str]):
         """The exact l2-normalised tf-idf rows as a scipy CSR matrix (what the evaluator scores)."""
         self._check_fitted()
-        return self.vectorizer.transform(list(texts)).astype(np.float32)
+        texts = list(texts)
+        if not any(is_long(text) for text in texts):
+            return self.vectorizer.transform(texts).astype(np.float32)
+        from scipy.sparse import vstack
+
+        # each row is computed on its own (counts, tf, idf, norm), so rows made apart stack to the same matrix
+        rows = [self._streamed_row(t) if is_long(t) else self.vectorizer.transform([t]) for t in texts]
+        return vstack(rows, format="csr").astype(np.float32)
+
+    def _streamed_row(self, text: str):
+        """The tf-idf row of a long text, its terms counted block by block (n-grams across a cut included)
+        into the count row scikit-learn's CountVectorizer makes, then weighted as its transform does."""
+        from scipy.sparse import csr_matrix
+
+        vectorizer = self.vectorizer
+        preprocess, split = vectorizer.build_preprocessor(), vectorizer.build_tokenizer()
+        low, high = vectorizer.ngram_range
+        counts: Counter = Counter()
+        carry: list[str] = []  # the last high - 1 tokens: n-grams that end in the next block start there
+        for block in text_blocks(text):
+            tokens = carry + split(preprocess(block))
+            for n in range(low, high + 1):
+                first = max(0, len(carry) - n + 1)  # n-grams ending in this block's tokens only
+                grams = (" ".join(tokens[i : i + n]) for i in range(first, len(tokens) - n + 1))
+                counts.update(grams if n > 1 else tokens[len(carry) :])
+            carry = tokens[-(high - 1) :] if high > 1 else []
+        vocabulary = vectorizer.vocabulary_
+        found = sorted((vocabulary[term], count) for term, count in counts.items() if term in vocabulary)
+        columns = np.asarray([c for c, _ in found], dtype=np.int64)
+        values = np.asarray([v for _, v in found], dtype=vectorizer.dtype)
+        row = csr_matrix(
+            (values, columns, [0, len(found)]), shape=(1, len(vocabulary)), dtype=vectorizer.dtype
+        )
+        if vectorizer.binary:
+            row.data.fill(1)
+        return vectorizer._tfidf.transform(row, copy=False)  # TfidfVectorizer.transform's own second step
 
     @property
     def normalized(self) -> bool:
@@ -252,9 +292,9 @@ class BM25Scorer(FittedBaseline):
         doc_freq: dict[str, int] = {}
         total = 0
         for text in texts:
-            tokens = self.terms(text)
-            total += len(tokens)
-            for term in set(tokens):
+            counts = self.term_counts(text)
+            total += sum(counts.values())
+            for term in counts:
                 doc_freq[term] = doc_freq.get(term, 0) + 1
         if not texts:
             raise DocembedError("bm25 cannot be fitted on an empty corpus")
@@ -265,6 +305,10 @@ class BM25Scorer(FittedBaseline):
     def terms(self, text: str) -> list[str]:
         """The terms of `text` under this model's analyzer (what fit counts and queries look up)."""
         return analyze(text, self.config.analyzer, self.config.lowercase)
+
+    def term_counts(self, text: str) -> Counter:
+        """How often each term of `text` occurs (a long text analysed block by block: text.term_counts)."""
+        return term_counts(text, self.config.analyzer, self.config.lowercase)
 
     def idf(self, term: str) -> float:
         return float(bm25_idf(self.doc_freq.get(term, 0), self.num_docs))
@@ -277,8 +321,6 @@ class BM25Scorer(FittedBaseline):
         """BM25 of every candidate for every query, (len(queries), len(candidates)) float32: the candidates
         are tokenized once into a term-count matrix, each query reads its terms' columns. (`embed` is the
         scorers' shared signature: a fusion embeds its model part with it; BM25 has none.)"""
-        from collections import Counter
-
         from scipy.sparse import csr_matrix
 
         self._check_fitted()
@@ -286,12 +328,12 @@ class BM25Scorer(FittedBaseline):
         vocab: dict[str, int] = {}
         indptr, indices, counts, lengths = [0], [], [], []
         for text in candidates:
-            tokens = self.terms(text)
-            for term, count in Counter(tokens).items():
+            tf = self.term_counts(text)
+            for term, count in tf.items():
                 indices.append(vocab.setdefault(term, len(vocab)))
                 counts.append(count)
             indptr.append(len(indices))
-            lengths.append(len(tokens))
+            lengths.append(sum(tf.values()))
         shape = (len(candidates), max(len(vocab), 1))
         tf = csr_matrix((np.asarray(counts, dtype=np.float64), indices, indptr), shape=shape).tocsc()
         lengths = np.asarray(lengths, dtype=np.float64)[:, None]
@@ -334,7 +376,12 @@ class BM25Scorer(FittedBaseline):
         if not isinstance(terms, list) or doc_freq is None or len(doc_freq) != len(terms):
             raise CorruptModelError(f"{directory}: terms and document frequencies do not match")
         model.doc_freq = {t: int(df) for t, df in zip(terms, doc_freq, strict=True)}
-        model.num_docs, model.avg_len = int(vocab["num_docs"]), float(vocab["avg_len"])
+        try:
+            model.num_docs, model.avg_len = int(vocab["num_docs"]), float(vocab["avg_len"])
+        except (KeyError, TypeError, ValueError, OverflowError):  # missing, or int() of NaN / infinity
+            raise CorruptModelError(f"{directory / VOCAB_NAME}: num_docs or avg_len is no number") from None
+        if not (math.isfinite(model.avg_len) and model.avg_len >= 0):  # JSON's NaN would score NaN
+            raise CorruptModelError(f"{directory / VOCAB_NAME}: avg_len is {model.avg_len}, not a length")
         model.fitted_on = payload.get("fitted_on") or "loaded"
         return model
 
@@ -397,10 +444,25 @@ class GloveAverageEncoder(Encoder):
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         for row, text in enumerate(texts):
+            if is_long(text):
+                out[row] = self._streamed_mean(text)
+                continue
             ids = [self.index[t] for t in tokenize(text, self.config.lowercase) if t in self.index]
             if ids:
                 out[row] = self.matrix[ids].mean(axis=0)
         return out
+
+    def _streamed_mean(self, text: str) -> np.ndarray:
+        """The mean above for a long text, read block by block: numpy sums the rows of an axis-0 mean one
+        after another, so continuing that sum from block to block gives the same float32 vector."""
+        total = np.zeros(self.dim, dtype=np.float32)
+        count = 0
+        for tokens in token_blocks(text, self.config.lowercase, TOKENIZER):
+            ids = [self.index[t] for t in tokens if t in self.index]
+            if ids:
+                total = np.add.reduce(np.concatenate([total[None], self.matrix[ids]]), axis=0)
+                count += len(ids)
+        return total / count if count else total
 
     def save(self, directory: str | Path) -> None:
         directory = Path(directory)

@@ -55,7 +55,14 @@ from docembed.models.base import (
 )
 from docembed.models.families import register
 from docembed.models.nugget_backbones import BACKBONES, backbone_path, load_tokenizer
-from docembed.tensors import token_windows
+from docembed.runtime import report_batch, reporting_texts
+from docembed.tensors import (
+    is_long,
+    stream_batch,
+    streamed_token_windows,
+    token_windows,
+    tokenized_blocks,
+)
 from docembed.types import MultiVectors
 
 TOKENIZER_SUBDIR = "tokenizer"
@@ -636,19 +643,23 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
 
     @torch.no_grad()
     def nuggets(
-        self, texts: Sequence[str], batch_size: int = 32
-    ) -> list[tuple[np.ndarray, np.ndarray, list[int]]]:
-        """Per text: (nugget vectors (k, d), token positions (k,), the text's token ids)."""
+        self, texts: Sequence[str], batch_size: int = 32, token_ids: bool = True
+    ) -> list[tuple[np.ndarray, np.ndarray, list[int] | None]]:
+        """Per text: (nugget vectors (k, d), token positions (k,), the text's token ids). Without
+        `token_ids` (what encode needs), a long text read in windows is streamed and its ids are None."""
         if self.config.long_documents == "windows":
-            return self._windowed_nuggets(texts, batch_size)
+            return self._windowed_nuggets(texts, batch_size, token_ids)
         ids = self.tokenize(texts)
         results: list[Any] = [None] * len(ids)
+        done = 0
         for chunk, input_ids, attention in self._batches(ids, batch_size):
             out = self._encode_batch(input_ids, attention)
             vectors = out.nuggets.float().cpu().numpy()
             for row, i in enumerate(chunk):
                 k = int(out.slots[row].sum())
                 results[i] = (vectors[row, :k], out.indices[row, :k].cpu().numpy(), ids[i])
+            done += len(chunk)
+            report_batch(done, len(ids))
         return results
 
     def set_inference(self, backend: str | None = None, precision: str | None = None) -> NuggetEncoder:
@@ -705,9 +716,21 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
             raise UsageError(f"--long must be one of {', '.join(LONG_DOCUMENTS)}, got {mode!r}")
         self.config.long_documents = mode
 
-    def _windowed_nuggets(self, texts: Sequence[str], batch_size: int) -> list[tuple]:
+    def _windowed_nuggets(self, texts: Sequence[str], batch_size: int, token_ids: bool = True) -> list[tuple]:
         """`nuggets` over the whole of each text: consecutive windows of max_length tokens, each selecting
         its own ceil(r * n_w) nuggets, positions counted in the whole text's token ids."""
+        long = [] if token_ids else [i for i, text in enumerate(texts) if is_long(text)]
+        if long:  # the usual texts together as always; each long one streamed, a batch of windows at a time
+            short = [i for i in range(len(texts)) if i not in set(long)]
+            with reporting_texts(0, len(short), len(texts)):
+                found = self._windowed_nuggets([texts[i] for i in short], batch_size) if short else []
+            items: list = [None] * len(texts)
+            for k, i in enumerate(short):
+                items[i] = found[k]
+            for k, i in enumerate(long):
+                with reporting_texts(len(short) + k, 1, len(texts)):
+                    items[i] = self._streamed_nuggets(texts[i], batch_size)
+            return items
         width = min(self.config.max_length, self.model.backbone.max_positions)
         tokens = self.tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)[
             "input_ids"
@@ -722,12 +745,15 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
                 owners.append(index)
                 starts.append(start)
         found: list[Any] = [None] * len(windows)
+        done = 0
         for chunk, input_ids, attention in self._batches(windows, batch_size):
             out = self._encode_batch(input_ids, attention)
             vectors = out.nuggets.float().cpu().numpy()
             for row, w in enumerate(chunk):
                 k = int(out.slots[row].sum())
                 found[w] = (vectors[row, :k], out.indices[row, :k].cpu().numpy() + starts[w])
+            done += len(chunk)
+            report_batch(done, len(windows))
         per_text: list[list] = [[] for _ in tokens]
         for w, owner in enumerate(owners):
             per_text[owner].append(found[w])
@@ -740,15 +766,52 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
             for parts, text_tokens in zip(per_text, tokens, strict=True)
         ]
 
+    def _streamed_nuggets(self, text: str, batch_size: int) -> tuple:
+        """`_windowed_nuggets` of one long text, its ids tokenized block by block and its windows encoded
+        `batch_size` at a time: memory holds a block, a batch and the nuggets (the output itself)."""
+        width = min(self.config.max_length, self.model.backbone.max_positions)
+        empty = self.tokenizer("")["input_ids"]
+        before, after = empty[:1], empty[1:]
+
+        def ids(block: str) -> list[int]:
+            encoded = self.tokenizer(block, add_special_tokens=False, truncation=False, verbose=False)
+            return encoded["input_ids"]
+
+        vectors: list[np.ndarray] = []
+        positions: list[np.ndarray] = []
+
+        def run(windows: list[list[int]], starts: list[int]) -> None:
+            found: list = [None] * len(windows)
+            for chunk, input_ids, attention in self._batches(windows, batch_size):
+                out = self._encode_batch(input_ids, attention)
+                nuggets = out.nuggets.float().cpu().numpy()
+                for row, w in enumerate(chunk):
+                    k = int(out.slots[row].sum())
+                    found[w] = (nuggets[row, :k], out.indices[row, :k].cpu().numpy() + starts[w])
+            vectors.extend(v for v, _ in found)
+            positions.extend(p for _, p in found)
+
+        batch_size = stream_batch(batch_size, width)
+        windows, starts = [], []
+        for start, window in streamed_token_windows(tokenized_blocks(ids, text), width - len(empty)):
+            windows.append([*before, *window, *after])
+            starts.append(start)
+            if len(windows) == batch_size:
+                run(windows, starts)
+                windows, starts = [], []
+        if windows:
+            run(windows, starts)
+        return np.concatenate(vectors), np.concatenate(positions), None
+
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> MultiVectors:
         texts = list(texts)
         if not texts:
             return MultiVectors(np.zeros((0, self.dim), dtype=np.float32), np.zeros(1, dtype=np.int64))
-        items = self.nuggets(texts, batch_size)
-        vectors = [
-            v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12) if self.normalized else v
-            for v, _, _ in items
-        ]
+        items = self.nuggets(texts, batch_size, token_ids=False)
+        vectors = [v for v, _, _ in items]
+        if self.normalized:  # in place: a long text's nuggets are the output's size, not copied once more
+            for v in vectors:
+                np.divide(v, np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12), out=v)
         return MultiVectors.from_list(vectors, [p for _, p, _ in items])
 
     # --- token states computed once (benches: many selectors over one frozen encoder) ----------------

@@ -27,8 +27,16 @@ import numpy as np
 from docembed.errors import CorruptModelError, UsageError
 from docembed.io.outputs import directory_output
 from docembed.io.readers import Document
-from docembed.models.base import MODEL_DIRECTORY, WEIGHTS_NAME, Encoder, EncoderConfig, read_config
+from docembed.models.base import (
+    MODEL_DIRECTORY,
+    WEIGHTS_NAME,
+    Encoder,
+    EncoderConfig,
+    read_config,
+    refuse_non_finite,
+)
 from docembed.models.families import register
+from docembed.runtime import report_batch
 from docembed.text import tokenize as tokenize_words
 from docembed.types import l2_normalize
 
@@ -320,8 +328,19 @@ class ParagraphVectorEncoder(Encoder):
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
         texts = list(texts)
         workers = min(self.workers, os.cpu_count() or 1, len(texts) // MIN_TEXTS_PER_WORKER)
-        rows = self._encode_parallel(texts, workers) if workers > 1 else [self.encode_one(t) for t in texts]
+        if workers > 1:
+            rows = self._encode_parallel(texts, workers)
+        else:
+            rows = self._encode_serial(texts, batch_size)
         return np.stack(rows) if rows else np.zeros((0, self.dim), dtype=np.float32)
+
+    def _encode_serial(self, texts: list[str], batch_size: int) -> list[np.ndarray]:
+        rows = []
+        for text in texts:
+            rows.append(self.encode_one(text))
+            if len(rows) % batch_size == 0:  # each text is inferred alone: report every batch_size of them
+                report_batch(len(rows), len(texts))
+        return rows
 
     def encode_one(self, text: str) -> np.ndarray:
         tokens = tokenize(text)
@@ -374,7 +393,11 @@ class ParagraphVectorEncoder(Encoder):
         chunksize = max(1, len(texts) // (workers * 8))
         initargs = (str(self._saved_dir()),)
         with context.Pool(workers, initializer=_init_worker, initargs=initargs) as pool:
-            return pool.map(_encode_in_worker, texts, chunksize=chunksize)
+            rows = []
+            for row in pool.imap(_encode_in_worker, texts, chunksize=chunksize):
+                rows.append(row)
+                report_batch(len(rows), len(texts))
+            return rows
 
     def _saved_dir(self) -> Path:
         if self._directory is None:
@@ -447,6 +470,7 @@ class ParagraphVectorEncoder(Encoder):
             arrays = load_file(str(path))
         except Exception as error:  # safetensors raises its own types for truncated headers/data
             raise CorruptModelError(f"{path} is corrupt or truncated: {error}") from None
+        refuse_non_finite(arrays, path)  # inference from NaN weights gives NaN vectors in silence
         models: dict = {}
         for kind in config.kinds:
             models[kind] = _rebuild(config, kind, words, counts, len(tags), arrays, path, share=models)

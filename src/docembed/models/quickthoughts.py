@@ -19,6 +19,7 @@ The saved directory holds config.json, model.safetensors (word embeddings, f, g)
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,12 +31,14 @@ from torch import nn
 from docembed.errors import CorruptModelError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
 from docembed.models.families import register
-from docembed.runtime import log
-from docembed.tensors import pad_sequences
-from docembed.text import Vocabulary, split_sentences, tokenize
+from docembed.runtime import log, report_batch
+from docembed.tensors import is_long, pad_sequences
+from docembed.text import Vocabulary, iter_sentences, split_sentences, tokenize
 from docembed.types import MultiVectors, Vectors
 
 VOCAB_NAME = "vocab.json"
+# A long text's sentences are encoded this many at a time (and only their running mean is kept).
+SENTENCE_GROUP = 4096
 OUTPUTS = ("mean", "sentences")
 
 
@@ -231,9 +234,45 @@ class QuickThoughtsEncoder(Encoder):
                 [nn.functional.normalize(f_vectors, dim=1), nn.functional.normalize(g_vectors, dim=1)], dim=1
             )
             out[rows] = vectors.float().cpu().numpy()
+            report_batch(start + len(rows), len(order))
         return out
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> Vectors:
+        texts = list(texts)
+        long = [i for i, text in enumerate(texts) if is_long(text)]
+        if not long:
+            return self._encode_at_once(texts, batch_size)
+        # the usual texts together as always; each long one read sentence group by sentence group
+        short = [i for i in range(len(texts)) if i not in set(long)]
+        done = self._encode_at_once([texts[i] for i in short], batch_size) if short else None
+        items: list = [None] * len(texts)
+        for k, i in enumerate(short):
+            items[i] = done[k]
+        for i in long:
+            items[i] = self._encode_streamed(texts[i], batch_size)
+        if self.config.output == "sentences":
+            return MultiVectors.from_list(items, [np.arange(len(v), dtype=np.int64) for v in items])
+        return np.stack(items).astype(np.float32)
+
+    def _encode_streamed(self, text: str, batch_size: int) -> np.ndarray:
+        """A long text's sentence vectors (output "sentences") or their mean (summed in float64 as
+        `_encode_at_once` sums), SENTENCE_GROUP sentences at a time."""
+        total, count, parts = np.zeros(self.dim, dtype=np.float64), 0, []
+        sentences = iter_sentences(text)
+        while group := list(itertools.islice(sentences, SENTENCE_GROUP)):
+            vectors = self.encode_sentences(group, batch_size=max(batch_size, 128))
+            if self.config.output == "sentences":
+                parts.append(vectors)
+            total += vectors.sum(axis=0, dtype=np.float64)
+            count += len(group)
+        if not count:  # no sentence: the empty sentence's vector, as split_sentences(...) or [""] gives
+            parts = [self.encode_sentences([""], batch_size=1)]
+            total, count = parts[0][0].astype(np.float64), 1
+        if self.config.output == "sentences":
+            return np.concatenate(parts)
+        return (total / count).astype(np.float32)
+
+    def _encode_at_once(self, texts: list[str], batch_size: int) -> Vectors:
         per_doc = [split_sentences(text) or [""] for text in texts]
         flat = [s for sentences in per_doc for s in sentences]
         # The GRU batch is in sentences; a document batch of 32 holds many more, so widen it.
@@ -244,7 +283,9 @@ class QuickThoughtsEncoder(Encoder):
             return MultiVectors(vectors, offsets, positions.astype(np.int64))
         if not per_doc:
             return np.zeros((0, self.dim), dtype=np.float32)
-        sums = np.add.reduceat(vectors, offsets[:-1], axis=0)
+        # summed in float64: the mean is then the same whatever the order of the additions (a long text's,
+        # streamed, adds group after group), and float32's rounding no longer grows with the sentence count
+        sums = np.add.reduceat(vectors.astype(np.float64), offsets[:-1], axis=0)
         return (sums / np.diff(offsets)[:, None]).astype(np.float32)
 
     def save(self, directory: str | Path) -> None:

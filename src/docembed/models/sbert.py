@@ -13,6 +13,7 @@ static int8 2.4-5x the documents per second of PyTorch fp32); pooling stays sent
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,14 @@ from docembed.models.base import (
 )
 from docembed.models.families import register
 from docembed.models.offline import resolve_sbert
-from docembed.tensors import token_windows
+from docembed.runtime import report_batch, reporting_texts
+from docembed.tensors import (
+    is_long,
+    stream_batch,
+    streamed_token_windows,
+    token_windows,
+    tokenized_blocks,
+)
 from docembed.types import MultiVectors, Vectors, l2_normalize
 
 ST_SUBDIR = "sentence_transformer"
@@ -66,6 +74,17 @@ class SBertConfig(EncoderConfig):
         check_temperature(self.passage_temperature)
 
 
+def _refuse_non_finite_weights(model, source: str) -> None:
+    """sentence-transformers loads the weights itself: NaN or infinite ones would encode NaN vectors."""
+    import torch
+
+    for key, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            files = [p for p in Path(source).glob("*.safetensors")] if Path(source).is_dir() else []
+            where = files[0] if len(files) == 1 else source
+            raise CorruptModelError(f"{where} holds weights that are not finite (NaN or infinite) in {key}")
+
+
 @register
 class SBertEncoder(Encoder):
     family = "sbert"
@@ -82,6 +101,7 @@ class SBertEncoder(Encoder):
         except Exception as error:  # hub errors, missing files, truncated safetensors all land here
             error_type = CorruptModelError if _path else DocembedError
             raise error_type(f"cannot load sentence-transformers model {source!r}: {error}") from None
+        _refuse_non_finite_weights(self.model, source)
         if config.max_seq_length:
             self.model.max_seq_length = config.max_seq_length
         if not 0 <= config.window_overlap < self.model.max_seq_length - 2:
@@ -174,6 +194,7 @@ class SBertEncoder(Encoder):
                     tokens[row] = features["token_embeddings"][i, : lengths[i]].float().numpy()
                 else:
                     dense[row] = features["sentence_embedding"][i].float().numpy()
+            report_batch(start + len(rows), len(texts))
         if self.config.output == "tokens":
             items = [l2_normalize(t) for t in tokens] if self.config.normalize else tokens
             return MultiVectors.from_list(items, [np.arange(len(t)) for t in items])
@@ -226,21 +247,39 @@ class SBertEncoder(Encoder):
         if self.config.output == "mean":
             if not texts:
                 return np.zeros((0, self.dim), dtype=np.float32)
-            vectors = self.model.encode(
-                texts,
-                batch_size=batch_size,
-                show_progress_bar=False,
-                convert_to_numpy=True,
-                normalize_embeddings=self.config.normalize,
-            )
+            with self._reporting_batches(len(texts)):
+                vectors = self.model.encode(
+                    texts,
+                    batch_size=batch_size,
+                    show_progress_bar=False,
+                    convert_to_numpy=True,
+                    normalize_embeddings=self.config.normalize,
+                )
             return np.asarray(vectors, dtype=np.float32)
-        tokens = self.model.encode(
-            texts, batch_size=batch_size, show_progress_bar=False, output_value="token_embeddings"
-        )
+        with self._reporting_batches(len(texts)):
+            tokens = self.model.encode(
+                texts, batch_size=batch_size, show_progress_bar=False, output_value="token_embeddings"
+            )
         items = [t.float().cpu().numpy() for t in tokens]
         if self.config.normalize:
             items = [l2_normalize(t) for t in items]
         return MultiVectors.from_list(items, [np.arange(len(t)) for t in items])
+
+    @contextmanager
+    def _reporting_batches(self, total: int):
+        """sentence-transformers' encode runs its batches itself: each forward pass reports its rows."""
+        done = 0
+
+        def batch_done(module, args, output):
+            nonlocal done
+            done += len(output["attention_mask"])
+            report_batch(done, total)
+
+        hook = self.model.register_forward_hook(batch_done)
+        try:
+            yield
+        finally:
+            hook.remove()
 
     def windows(self, texts: Sequence[str]) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
         """Each text's token ids cut into windows of at most `max_seq_length` tokens (sharing
@@ -265,6 +304,28 @@ class SBertEncoder(Encoder):
         ]
 
     def _encode_windows(self, texts: list[str], batch_size: int) -> MultiVectors:
+        long = [i for i, text in enumerate(texts) if is_long(text)]
+        if not long:
+            return self._encode_windows_at_once(texts, batch_size)
+        # the usual texts together as always; each long one streamed, its windows a batch at a time
+        items: list = [None] * len(texts)
+        positions: list = [None] * len(texts)
+        short = [i for i in range(len(texts)) if i not in set(long)]
+        if short:
+            with reporting_texts(0, len(short), len(texts)):
+                done = self._encode_windows_at_once([texts[i] for i in short], batch_size)
+            for k, i in enumerate(short):
+                items[i] = done[k]
+                positions[i] = done.positions[done.offsets[k] : done.offsets[k + 1]]
+        for k, i in enumerate(long):
+            with reporting_texts(len(short) + k, 1, len(texts)):
+                parts = list(self._streamed_windows(texts[i], batch_size))
+            vectors = np.concatenate([v for v, _ in parts])
+            items[i] = l2_normalize(vectors) if self.config.normalize else vectors
+            positions[i] = np.concatenate([p for _, p in parts])
+        return MultiVectors.from_list(items, positions)
+
+    def _encode_windows_at_once(self, texts: list[str], batch_size: int) -> MultiVectors:
         windows, owners, starts = self.windows(texts)
         vectors = self._embed_windows(windows, batch_size)
         if self.config.normalize:
@@ -274,12 +335,46 @@ class SBertEncoder(Encoder):
         return MultiVectors(vectors.astype(np.float32), offsets, starts)
 
     def _encode_chunks(self, texts: list[str], batch_size: int) -> np.ndarray:
-        windows, owners, _ = self.windows(texts)
-        vectors = self._embed_windows(windows, batch_size)
-        sums = np.zeros((len(texts), vectors.shape[1]), dtype=np.float64)
-        np.add.at(sums, owners, vectors)
-        means = (sums / np.bincount(owners, minlength=len(texts))[:, None]).astype(np.float32)
+        long = [i for i, text in enumerate(texts) if is_long(text)]
+        short = [i for i in range(len(texts)) if i not in set(long)]
+        sums = np.zeros((len(texts), self.dim), dtype=np.float64)
+        counts = np.zeros(len(texts), dtype=np.int64)
+        if short:
+            windows, owners, _ = self.windows([texts[i] for i in short])
+            with reporting_texts(0, len(short), len(texts)):
+                vectors = self._embed_windows(windows, batch_size)
+            rows = np.asarray(short, dtype=np.int64)[owners]
+            np.add.at(sums, rows, vectors)
+            counts += np.bincount(rows, minlength=len(texts))
+        for k, i in enumerate(long):  # a running sum in window order: the same additions as np.add.at makes
+            with reporting_texts(len(short) + k, 1, len(texts)):
+                for vectors, _ in self._streamed_windows(texts[i], batch_size):
+                    for vector in vectors:
+                        sums[i] += vector
+                    counts[i] += len(vectors)
+        means = (sums / counts[:, None]).astype(np.float32)
         return l2_normalize(means) if self.config.normalize else means
+
+    def _streamed_windows(self, text: str, batch_size: int):
+        """(vectors, first-token positions) of a long text's windows, `batch_size` windows at a time: the
+        windows `windows()` cuts, from ids tokenized block by block, so memory holds a block and a batch."""
+        tokenizer = self.tokenizer
+
+        def ids(block: str) -> list[int]:
+            return tokenizer(block, add_special_tokens=False, truncation=False, verbose=False)["input_ids"]
+
+        width, overlap = self.max_seq_length - 2, self.config.window_overlap
+        batch_size = stream_batch(batch_size, self.max_seq_length)
+        batch: list[list[int]] = []
+        starts: list[int] = []
+        for start, window in streamed_token_windows(tokenized_blocks(ids, text), width, overlap):
+            batch.append([tokenizer.cls_token_id, *window, tokenizer.sep_token_id])
+            starts.append(start)
+            if len(batch) == batch_size:
+                yield self._embed_windows(batch, batch_size), np.asarray(starts, dtype=np.int64)
+                batch, starts = [], []
+        if batch:
+            yield self._embed_windows(batch, batch_size), np.asarray(starts, dtype=np.int64)
 
     def _embed_windows(self, windows: list[list[int]], batch_size: int) -> np.ndarray:
         """The sentence embedding of each window (token ids with specials), batched longest first."""
@@ -303,9 +398,10 @@ class SBertEncoder(Encoder):
                     features["token_type_ids"] = torch.zeros_like(input_ids)
                 if engine is not None:
                     out[rows] = self._run_modules(features, engine)["sentence_embedding"].float().numpy()
-                    continue
-                features = {k: v.to(self.model.device) for k, v in features.items()}
-                out[rows] = self.model(features)["sentence_embedding"].float().cpu().numpy()
+                else:
+                    features = {k: v.to(self.model.device) for k, v in features.items()}
+                    out[rows] = self.model(features)["sentence_embedding"].float().cpu().numpy()
+                report_batch(start + len(rows), len(windows))
         return out
 
     def save(self, directory: str | Path) -> None:

@@ -33,6 +33,7 @@ import numpy as np
 from docembed.errors import CorruptModelError
 from docembed.models.base import Encoder, EncoderConfig, load_state_dict, read_config, save_state_dict
 from docembed.models.families import register
+from docembed.runtime import report_batch
 
 
 @dataclass
@@ -273,6 +274,7 @@ class SetEncoder(Encoder):
                 batch = pack([bags[i] for i in rows], self.config.counts)
                 batch = {k: v.to(self.device) for k, v in batch.items()}
                 out[rows] = self.network(**batch).float().cpu().numpy()
+                report_batch(start + len(rows), len(order))
         return out
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:

@@ -18,8 +18,16 @@ import torch
 from torch import nn
 
 from docembed.errors import CorruptModelError
-from docembed.models.base import WEIGHTS_NAME, Encoder, EncoderConfig, read_config, save_state_dict
+from docembed.models.base import (
+    WEIGHTS_NAME,
+    Encoder,
+    EncoderConfig,
+    read_config,
+    refuse_non_finite,
+    save_state_dict,
+)
 from docembed.models.families import register
+from docembed.tensors import is_long, tokenized_blocks
 from docembed.types import l2_normalize
 
 
@@ -94,6 +102,19 @@ class StaticEncoder(Encoder):
         ]
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+        texts = list(texts)
+        long = [i for i, text in enumerate(texts) if is_long(text)]
+        if not long:
+            return self._encode_at_once(texts)
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        short = [i for i in range(len(texts)) if i not in set(long)]
+        if short:
+            out[short] = self._encode_at_once([texts[i] for i in short])
+        for i in long:
+            out[i] = self._encode_streamed(texts[i])
+        return out
+
+    def _encode_at_once(self, texts: list[str]) -> np.ndarray:
         from scipy.sparse import csr_matrix
 
         ids = self.token_ids(texts)
@@ -105,6 +126,23 @@ class StaticEncoder(Encoder):
             shape=(len(ids), self.config.vocab_size),
         )
         sums = np.asarray(bag @ self.table.weight.detach().numpy(), dtype=np.float32)
+        return self._means(sums, counts)
+
+    def _encode_streamed(self, text: str) -> np.ndarray:
+        """One long text, tokenized block by block. The sum runs on in token order, one float32 addition
+        per token as the sparse product above makes them, so the vector is the one `_encode_at_once` gives."""
+        table = self.table.weight.detach().numpy()
+        total = np.zeros(self.dim, dtype=np.float32)
+        count = 0
+        for ids in tokenized_blocks(lambda block: self.token_ids([block])[0], text):
+            ids = np.asarray(ids, dtype=np.int64)
+            for start in range(0, len(ids), 4096):  # a few MB of table rows at a time
+                rows = table[ids[start : start + 4096]]
+                total = np.add.reduce(np.concatenate([total[None], rows]), axis=0)  # row after row, in order
+            count += len(ids)
+        return self._means(total[None], np.array([count], dtype=np.int64))[0]
+
+    def _means(self, sums: np.ndarray, counts: np.ndarray) -> np.ndarray:
         out = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
         return l2_normalize(out) if self.config.normalize else out
 
@@ -127,6 +165,7 @@ class StaticEncoder(Encoder):
             state = load_file(str(directory / WEIGHTS_NAME))
         except Exception as error:  # missing or truncated files: the folder is damaged
             raise CorruptModelError(f"{directory} is not a complete static model: {error}") from None
+        refuse_non_finite(state, directory / WEIGHTS_NAME)
         encoder = cls(config, tokenizer=tokenizer)
         if state.get("weight") is None or tuple(state["weight"].shape) != (config.vocab_size, config.dim):
             raise CorruptModelError(

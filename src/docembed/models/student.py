@@ -39,7 +39,14 @@ from docembed.models.base import (
     save_state_dict,
 )
 from docembed.models.families import register
-from docembed.tensors import token_windows
+from docembed.runtime import report_batch, reporting_texts
+from docembed.tensors import (
+    is_long,
+    stream_batch,
+    streamed_token_windows,
+    token_windows,
+    tokenized_blocks,
+)
 from docembed.types import Vectors, l2_normalize
 
 TOKENIZER_SUBDIR = "tokenizer"
@@ -207,15 +214,49 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
             ranges += [(a, min(a + size, stop)) for a in range(start, max(stop, start + 1), size)]
         return ranges
 
+    def _streamed_passes(self, text: str, batch_size: int):
+        """A long text's passes (as `_passes` cuts them) with their first-token positions, `batch_size` at a
+        time (fewer for long passes: tensors.stream_batch), its ids tokenized block by block: memory holds a
+        block and a batch, not the text's ids."""
+        batch_size = stream_batch(batch_size, self.config.max_length)
+        cls, sep = self.tokenizer.cls_token_id, self.tokenizer.sep_token_id
+
+        def ids(block: str) -> list[int]:
+            encoded = self.tokenizer(block, add_special_tokens=False, truncation=False, verbose=False)
+            return encoded["input_ids"]
+
+        passes, starts = [], []
+        for start, window in streamed_token_windows(tokenized_blocks(ids, text), self.config.max_length - 2):
+            passes.append([cls, *window, sep])
+            starts.append(start)
+            if len(passes) == batch_size:
+                yield passes, starts
+                passes, starts = [], []
+        if passes:
+            yield passes, starts
+
     def _windowed_means(self, texts: list[str], batch_size: int) -> np.ndarray:
         """The mean token vector of the whole of each text: windows of max_length tokens, each pooled, then
         averaged weighted by their lengths (so the result is the mean over all the windows' tokens)."""
-        windows, owners, _ = self._passes(texts)
-        means = self._means(windows, batch_size).astype(np.float64)
-        weights = np.array([len(w) for w in windows], dtype=np.float64)
+        long = [i for i, text in enumerate(texts) if is_long(text)]
+        short = [i for i in range(len(texts)) if i not in set(long)]
         sums = np.zeros((len(texts), self.dim), dtype=np.float64)
-        np.add.at(sums, np.asarray(owners), means * weights[:, None])
-        totals = np.bincount(owners, weights=weights, minlength=len(texts))
+        totals = np.zeros(len(texts), dtype=np.float64)
+        if short:
+            windows, owners, _ = self._passes([texts[i] for i in short])
+            with reporting_texts(0, len(short), len(texts)):
+                means = self._means(windows, batch_size).astype(np.float64)
+            weights = np.array([len(w) for w in windows], dtype=np.float64)
+            rows = np.asarray(short, dtype=np.int64)[np.asarray(owners, dtype=np.int64)]
+            np.add.at(sums, rows, means * weights[:, None])
+            totals += np.bincount(rows, weights=weights, minlength=len(texts))
+        for k, i in enumerate(long):  # the same additions, pass after pass
+            with reporting_texts(len(short) + k, 1, len(texts)):
+                for passes, _ in self._streamed_passes(texts[i], batch_size):
+                    means = self._means(passes, batch_size).astype(np.float64)
+                    for mean, weight in zip(means, [float(len(p)) for p in passes], strict=True):
+                        sums[i] += mean * weight
+                        totals[i] += weight
         return (sums / totals[:, None]).astype(np.float32)
 
     def _late_chunks(self, texts: list[str], batch_size: int):
@@ -224,20 +265,34 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
         [SEP] its last, so a text of one chunk gets exactly the mean output's vector."""
         from docembed.types import MultiVectors
 
-        passes, owners, starts = self._passes(texts)
-        size = self.config.chunk_tokens
         vectors: list[list[np.ndarray]] = [[] for _ in texts]
         positions: list[list[int]] = [[] for _ in texts]
+        long = [i for i, text in enumerate(texts) if is_long(text)]
+        short = [i for i in range(len(texts)) if i not in set(long)]
+        if short:
+            passes, owners, starts = self._passes([texts[i] for i in short])
+            with reporting_texts(0, len(short), len(texts)):
+                self._chunk_vectors(
+                    passes, [short[o] for o in owners], starts, batch_size, vectors, positions
+                )
+        for k, i in enumerate(long):  # a batch of passes at a time
+            with reporting_texts(len(short) + k, 1, len(texts)):
+                for passes, starts in self._streamed_passes(texts[i], batch_size):
+                    self._chunk_vectors(passes, [i] * len(passes), starts, batch_size, vectors, positions)
+        items = [np.stack(v).astype(np.float32) for v in vectors]
+        if self.config.normalize:
+            items = [l2_normalize(v) for v in items]
+        return MultiVectors.from_list(items, [np.asarray(p, dtype=np.int64) for p in positions])
+
+    def _chunk_vectors(self, passes, owners, starts, batch_size, vectors, positions) -> None:
+        """Append each pass's chunk vectors and their first-token positions to its text's lists."""
+        size = self.config.chunk_tokens
         for row, states in self._token_states(passes, batch_size):
             chunks = max(1, -(-(len(states) - 2) // size))
             bounds = [0, *(1 + j * size for j in range(1, chunks)), len(states)]
             for j in range(chunks):
                 vectors[owners[row]].append(states[bounds[j] : bounds[j + 1]].mean(axis=0))
                 positions[owners[row]].append(starts[row] + j * size)
-        items = [np.stack(v).astype(np.float32) for v in vectors]
-        if self.config.normalize:
-            items = [l2_normalize(v) for v in items]
-        return MultiVectors.from_list(items, [np.asarray(p, dtype=np.int64) for p in positions])
 
     def _means(self, ids: list[list[int]], batch_size: int) -> np.ndarray:
         """The mean of the last layer's states for each token-id sequence (not normalised)."""
@@ -270,6 +325,7 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
                     hidden = hidden.float().cpu().numpy()
                     for position, row in enumerate(rows):
                         yield row, hidden[position, : len(ids[row]) or 1]
+                    report_batch(start + len(rows), len(order))
         finally:
             self.model.train(was_training)
 

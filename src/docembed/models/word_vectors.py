@@ -45,7 +45,11 @@ def read_word_vectors(path: str | Path, keep: Container[str] | None = None) -> t
             seen.add(word)
     if dim is None:
         raise DocembedError(f"{path} holds no word vectors")
-    return words, np.stack(rows) if rows else np.zeros((0, dim), dtype=np.float32)
+    matrix = np.stack(rows) if rows else np.zeros((0, dim), dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(matrix).all(axis=1))
+    if len(bad):  # "nan" and "inf" parse as numbers: every text with the word would encode NaN
+        raise DocembedError(f"{path}: the vector of {words[bad[0]]!r} is not finite (NaN or infinite)")
+    return words, matrix
 
 
 def offline_glove() -> tuple[list[str], np.ndarray]:

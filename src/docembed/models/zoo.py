@@ -115,7 +115,7 @@ def load(directory: str | Path, device: str = "cpu", name: str | None = None):
     """A ready Encoder from a zoo directory: rebuilt from its base, hash-checked, overlaid."""
     from safetensors.torch import load_file
 
-    from docembed.models.base import read_config
+    from docembed.models.base import read_config, refuse_non_finite
 
     directory = Path(directory)
     name = name or directory.name
@@ -135,6 +135,7 @@ def load(directory: str | Path, device: str = "cpu", name: str | None = None):
         overlay = load_file(str(directory / OVERLAY_NAME))
     except Exception as error:  # safetensors raises its own types for truncated files
         raise CorruptModelError(f"{directory / OVERLAY_NAME} is corrupt: {error}") from None
+    refuse_non_finite(overlay, directory / OVERLAY_NAME)
     state = module.state_dict()
     unknown = [k for k in overlay if k not in state]
     mismatched = [k for k in overlay if k in state and overlay[k].shape != state[k].shape]

@@ -1,0 +1,258 @@
+"""faiss (today's VectorIndex) vs LanceDB (docembed.lance_index) as the store of a collection (#46).
+
+Synthetic data, seeded: random unit vectors, 100,000 dense 384-d documents and 20,000 multi-vector documents
+of 10-20 vectors (15 on average) of 384-d; queries are random unit vectors (multi-vector queries: 8 each).
+Random directions are the hardest case for approximate indexes (no clusters), so recall here is a floor.
+One thread (OMP, faiss, LANCE_CPU_THREADS), in this process, through the Python API both stores offer the CLI:
+- build: embeddings in memory -> the index on disk (faiss: build + save; Lance: table + id B-tree + vector
+  index), seconds and bytes on disk;
+- search: the index opened from disk, one warm-up query, then every query in the CLI's batches; queries/s
+  (wall) and the CPU seconds, recall@10 against exact search (numpy / docembed.scoring's mean-MaxSim);
+- filtered search (Lance, a prefilter keeping 10 % / 1 % of the rows) against unfiltered;
+- add 1 % vs rebuild at 101 % (flat; Lance's add is one commit, its compaction folds the rows in).
+Multi-vector: faiss flat (today's: every vector indexed, candidates rescored) and Lance flat (its MaxSim
+over every document); Lance's multivector IVF_PQ only with --quick (its build is ~10 min at full size).
+Writes bench/results/lance.json (summary only; "quick" says which sizes).
+
+    .venv/bin/python bench/bench_lance.py --quick     # 10,000 dense, 2,000 multi-vector documents
+    .venv/bin/python bench/bench_lance.py             # the sizes above
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "LANCE_CPU_THREADS"):
+    os.environ[_name] = "1"  # before numpy, faiss or lancedb start their thread pools
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import pathlib  # noqa: E402
+import shutil  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+BENCH_DIR = pathlib.Path(__file__).resolve().parent
+K = 10
+
+
+def _unit(rng, n: int, dim: int) -> np.ndarray:
+    x = rng.standard_normal((n, dim), dtype=np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _bytes(folder: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _clock():
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start) -> tuple[float, float]:
+    return time.perf_counter() - start[0], time.process_time() - start[1]
+
+
+def _recall(found: list[list[tuple[str, float]]], exact: list[list[str]]) -> float:
+    return float(
+        np.mean([len({i for i, _ in f} & set(e)) / len(e) for f, e in zip(found, exact, strict=True)])
+    )
+
+
+def _timed_search(search, queries, batch: int, count: int):
+    """Every query through `search` in batches of `batch` (the CLI's 256), after one warm-up query."""
+    search(queries[:1] if not hasattr(queries, "select") else queries.select([0]))
+    start, found = _clock(), []
+    for lo in range(0, count, batch):
+        part = (
+            queries[lo : lo + batch]
+            if not hasattr(queries, "select")
+            else queries.select(range(lo, min(lo + batch, count)))
+        )
+        found.extend(search(part))
+    wall, cpu = _since(start)
+    return found, {"queries_per_s": round(count / wall, 2), "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
+
+
+def _faiss_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int) -> dict:
+    from docembed.faiss_index import VectorIndex
+
+    start = _clock()
+    VectorIndex.build(emb, kind).save(folder)
+    build = _since(start)
+    index = VectorIndex.load(folder)
+    found, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
+    return {
+        "build_s": round(build[0], 2),
+        "bytes": _bytes(folder),
+        **speed,
+        "recall@10": _recall(found, exact),
+    }
+
+
+def _lance_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int, fields=None) -> dict:
+    from docembed.lance_index import LanceIndex
+
+    start = _clock()
+    LanceIndex.build(folder, emb, kind, fields=fields)
+    build = _since(start)
+    index = LanceIndex.open(folder)
+    found, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
+    row = {
+        "build_s": round(build[0], 2),
+        "bytes": _bytes(folder),
+        **speed,
+        "recall@10": _recall(found, exact),
+    }
+    return row | {"search_settings": index.metadata.get("search", {})}
+
+
+def _filtered(folder: pathlib.Path, queries, count: int, buckets: np.ndarray) -> dict:
+    """Lance search with a prefilter on `bucket` (0..99 per row) keeping 10 % and 1 % of the rows; the
+    recall of each against the exact top 10 among the rows the filter keeps."""
+    from docembed.lance_index import LanceIndex
+
+    index = LanceIndex.open(folder)
+    rows = {}
+    for share, where in ((1.0, None), (0.1, "bucket < 10"), (0.01, "bucket < 1")):
+        found, speed = _timed_search(lambda q, w=where: index.search(q, K, where=w), queries, 256, count)
+        keep = np.flatnonzero(buckets < share * 100)
+        rows[f"{share:g}"] = {"where": where, **speed, "rows_kept": int(len(keep))}
+        rows[f"{share:g}"]["all_hits_pass"] = all(
+            buckets[int(i[1:])] < share * 100 for hits in found for i, _ in hits
+        )
+    return rows
+
+
+def _add_vs_rebuild(emb_all, n: int, extra: int, tmp: pathlib.Path, kind: str) -> dict:
+    from docembed.faiss_index import VectorIndex
+    from docembed.lance_index import LanceIndex
+    from docembed.types import EmbeddingSet
+
+    base = EmbeddingSet(emb_all.data[:n], emb_all.ids[:n], emb_all.metadata)
+    more = EmbeddingSet(emb_all.data[n : n + extra], emb_all.ids[n : n + extra], emb_all.metadata)
+    rows = {}
+    faiss_dir = tmp / f"faiss-add-{kind}"
+    VectorIndex.build(base, kind).save(faiss_dir)
+    start = _clock()
+    VectorIndex.append_saved(faiss_dir, more)
+    rows["faiss_add_s"] = round(_since(start)[0], 3)
+    start = _clock()
+    VectorIndex.build(emb_all, kind).save(tmp / f"faiss-rebuild-{kind}")
+    rows["faiss_rebuild_s"] = round(_since(start)[0], 3)
+    lance_kind = {"flat": "flat", "hnsw": "ivf_hnsw_sq"}[kind]
+    lance_dir = tmp / f"lance-add-{kind}"
+    LanceIndex.build(lance_dir, base, lance_kind)
+    start = _clock()
+    LanceIndex.open(lance_dir).add(more)
+    rows["lance_add_s"] = round(_since(start)[0], 3)
+    start = _clock()
+    LanceIndex.open(lance_dir).compact()  # the new rows into the vector index
+    rows["lance_compact_after_add_s"] = round(_since(start)[0], 3)
+    start = _clock()
+    LanceIndex.build(tmp / f"lance-rebuild-{kind}", emb_all, lance_kind)
+    rows["lance_rebuild_s"] = round(_since(start)[0], 3)
+    for name in ("faiss-add", "faiss-rebuild", "lance-add", "lance-rebuild"):
+        shutil.rmtree(tmp / f"{name}-{kind}", ignore_errors=True)
+    return rows
+
+
+def _log(message: str) -> None:
+    print(f"[bench_lance] {message}", file=sys.stderr, flush=True)
+
+
+def main(out_dir: pathlib.Path | None = None, full: bool = False, quick: bool = False) -> dict:
+    import faiss
+    import lancedb  # noqa: F401  (imported before any clock starts: 3 s of it)
+
+    from docembed.scoring import maxsim_one_to_many
+    from docembed.types import EmbeddingSet, MultiVectors
+
+    faiss.omp_set_num_threads(1)
+    n, n_multi, nq, nq_multi, dim = (
+        (10_000, 2_000, 100, 20, 384) if quick else (100_000, 20_000, 200, 20, 384)
+    )
+    rng = np.random.default_rng(46)
+    extra = n // 100
+    x = _unit(rng, n + extra, dim)
+    ids = [f"d{i}" for i in range(n + extra)]
+    meta = {"model": "random-unit-vectors"}
+    emb_all = EmbeddingSet(x, ids, meta)
+    emb = EmbeddingSet(x[:n], ids[:n], meta)
+    queries = _unit(rng, nq, dim)
+    exact = [[ids[j] for j in np.argsort(-row)[:K]] for row in queries @ x[:n].T]
+    result = {
+        "data": "random unit vectors (seeded), 384-d",
+        "threads": 1,
+        "k": K,
+        "dense": {"documents": n, "queries": nq},
+        "multi": {},
+    }
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_lance"))
+    try:
+        # the Lance flat and ivf_pq tables hold a bucket field (0..99) for the filtered searches
+        buckets = rng.integers(0, 100, size=n)
+        fields = {"bucket": {ids[i]: int(buckets[i]) for i in range(n)}}
+        cases = {
+            "faiss flat": lambda f: _faiss_case(emb, "flat", f, queries, exact, 256),
+            "faiss hnsw": lambda f: _faiss_case(emb, "hnsw", f, queries, exact, 256),
+            "lance flat": lambda f: _lance_case(emb, "flat", f, queries, exact, 256, fields),
+            "lance ivf_pq": lambda f: _lance_case(emb, "ivf_pq", f, queries, exact, 256, fields),
+            "lance ivf_hnsw_sq": lambda f: _lance_case(emb, "ivf_hnsw_sq", f, queries, exact, 256),
+        }
+        for name, case in cases.items():
+            folder = tmp / name.replace(" ", "-")
+            _log(f"dense {name}")
+            result["dense"][name] = case(folder)
+            _log(f"  {result['dense'][name]}")
+            if name in ("lance flat", "lance ivf_pq"):  # filtered vs unfiltered
+                result["dense"][f"{name} filtered"] = _filtered(folder, queries, nq, buckets)
+                _log(f"  {result['dense'][f'{name} filtered']}")
+            shutil.rmtree(folder, ignore_errors=True)
+
+        _log("add 1 % vs rebuild")
+        result["add_1_percent"] = {
+            "documents": n,
+            "added": extra,
+            "flat": _add_vs_rebuild(emb_all, n, extra, tmp, "flat"),
+        }
+        _log(f"  {result['add_1_percent']}")
+
+        # multi-vector: 10-20 vectors per document, queries of 8 vectors
+        counts = rng.integers(10, 21, size=n_multi)
+        docs = MultiVectors(_unit(rng, int(counts.sum()), dim), np.concatenate([[0], np.cumsum(counts)]))
+        multi = EmbeddingSet(docs, [f"m{i}" for i in range(n_multi)], meta)
+        mq = MultiVectors(_unit(rng, nq_multi * 8, dim), np.arange(0, nq_multi * 8 + 1, 8))
+        exact_multi = []
+        for i in range(nq_multi):
+            scores = maxsim_one_to_many(mq[i], docs)
+            exact_multi.append([f"m{j}" for j in np.argsort(-scores, kind="stable")[:K]])
+        result["multi"] = {"documents": n_multi, "vectors": int(counts.sum()), "queries": nq_multi}
+        multi_cases = {
+            "faiss flat": lambda f: _faiss_case(multi, "flat", f, mq, exact_multi, 256),
+            "lance flat": lambda f: _lance_case(multi, "flat", f, mq, exact_multi, 256),
+        }
+        if quick:  # LanceDB's multivector IVF_PQ took 55 s for 30,000 vectors here: ~10 min at full size
+            multi_cases["lance ivf_pq"] = lambda f: _lance_case(multi, "ivf_pq", f, mq, exact_multi, 256)
+        for name, case in multi_cases.items():
+            folder = tmp / f"multi-{name.replace(' ', '-')}"
+            _log(f"multi {name}")
+            result["multi"][name] = case(folder)
+            _log(f"  {result['multi'][name]}")
+            shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    result["quick"] = quick
+    target = BENCH_DIR / "results" / "lance.json"  # "quick" in it says which sizes
+    target.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10,000 dense and 2,000 multi-vector documents")
+    arguments = parser.parse_args()
+    print(json.dumps(main(quick=arguments.quick), indent=2))

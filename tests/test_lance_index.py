@@ -1,0 +1,353 @@
+"""Collections in LanceDB (#46): `index build --store lance` and the commands over it. Scores agree with the
+faiss flat index and docembed.scoring on the same vectors; filters, stored text, hybrid search, add / update /
+remove as versions, a second writer and a killed writer, and the table read by another tool (Polars)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from cli_helpers import invoke
+from docembed.io.embeddings import save_embeddings
+from docembed.types import EmbeddingSet, MultiVectors
+
+pytest.importorskip("lancedb")
+
+WORDS = ["cats run fast", "dogs are running", "fish swim slowly", "birds fly high"]
+
+
+def _unit(rng, n, dim=32):
+    x = rng.normal(size=(n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _dense(path, x, ids, **metadata):
+    save_embeddings(EmbeddingSet(x, list(ids), dict(metadata)), str(path))
+    return path
+
+
+def _multi(rng, n, dim=16, most=6):
+    counts = rng.integers(1, most + 1, size=n)
+    return MultiVectors(_unit(rng, int(counts.sum()), dim), np.concatenate([[0], np.cumsum(counts)]))
+
+
+def _corpus(path, n, start=0):
+    with open(path, "w") as handle:
+        for i in range(start, start + n):
+            row = {
+                "id": f"d{i}",
+                "text": f"{WORDS[i % 4]} number {i}",
+                "year": 2000 + i,
+                "lang": ["en", "fr"][i % 2],
+            }
+            handle.write(json.dumps(row) + "\n")
+    return path
+
+
+def _one_line_error(result, code=1) -> str:
+    lines = result.err.strip().splitlines()
+    assert result.code == code and len(lines) == 1 and lines[0].startswith("docembed: error: "), result.err
+    return lines[0]
+
+
+def _rows(out):
+    return [json.loads(line) for line in out.splitlines()]
+
+
+# --- the same answers as faiss and docembed.scoring ------------------------------------------------------
+def test_dense_search_matches_the_faiss_flat_index(tmp_path):
+    from docembed.faiss_index import VectorIndex
+    from docembed.lance_index import LanceIndex
+
+    rng = np.random.default_rng(46)
+    x = rng.normal(size=(300, 32)).astype(np.float32) * 3  # not unit: both normalise
+    emb = EmbeddingSet(x, [f"d{i}" for i in range(300)], {"model": "m"})
+    queries = rng.normal(size=(12, 32)).astype(np.float32)
+    lance = LanceIndex.build(tmp_path / "l", emb)
+    faiss_hits = VectorIndex.build(emb, "flat").search(queries, 10)
+    lance_hits = lance.search(queries, 10)
+    for mine, theirs in zip(lance_hits, faiss_hits, strict=True):
+        assert [i for i, _ in mine] == [i for i, _ in theirs]
+        np.testing.assert_allclose([s for _, s in mine], [s for _, s in theirs], atol=1e-5)
+    # opened again from disk, with a filter: the same ranking restricted to the rows it keeps
+    again = LanceIndex.open(tmp_path / "l")
+    kept = again.search(queries[:1], 5, where="id >= 'd2'")[0]
+    cosines = (x / np.linalg.norm(x, axis=1, keepdims=True)) @ (queries[0] / np.linalg.norm(queries[0]))
+    allowed = [j for j in np.argsort(-cosines, kind="stable") if f"d{j}" >= "d2"][:5]
+    assert [i for i, _ in kept] == [f"d{j}" for j in allowed]
+
+
+def test_multi_vector_search_is_mean_maxsim(tmp_path):
+    from docembed.faiss_index import VectorIndex
+    from docembed.lance_index import LanceIndex
+    from docembed.scoring import maxsim_one_to_many
+
+    rng = np.random.default_rng(7)
+    docs = _multi(rng, 80)
+    emb = EmbeddingSet(docs, [f"d{i}" for i in range(80)], {"model": "m"})
+    queries = _multi(rng, 5, most=4)
+    lance = LanceIndex.build(tmp_path / "l", emb)
+    assert lance.is_multi and len(lance) == 80
+    faiss_hits = VectorIndex.build(emb, "flat").search(queries, 10)
+    for i, hits in enumerate(lance.search(queries, 10)):
+        exact = maxsim_one_to_many(queries[i], docs)
+        order = np.argsort(-exact, kind="stable")[:10]
+        assert [h for h, _ in hits] == [f"d{j}" for j in order]
+        np.testing.assert_allclose([s for _, s in hits], exact[order], atol=1e-5)
+        assert [h for h, _ in hits] == [h for h, _ in faiss_hits[i]]
+    # a model that smooths its maxima (passage_temperature): candidates rescored as scoring does
+    warm = LanceIndex.build(tmp_path / "t", EmbeddingSet(docs, emb.ids, {"passage_temperature": 0.1}))
+    hits = warm.search(queries.select([0]), 5)[0]
+    exact = maxsim_one_to_many(queries[0], docs, 0.1)
+    order = np.argsort(-exact, kind="stable")[:5]
+    assert [h for h, _ in hits] == [f"d{j}" for j in order]
+    np.testing.assert_allclose([s for _, s in hits], exact[order], atol=1e-5)
+
+
+def test_cli_more_like_this_equals_faiss(capfd, tmp_path):
+    rng = np.random.default_rng(3)
+    emb = _dense(tmp_path / "e.npy", _unit(rng, 60), [f"d{i}" for i in range(60)], model="m")
+    assert invoke(capfd, "index", "build", emb, "-o", tmp_path / "f").code == 0
+    assert invoke(capfd, "index", "build", emb, "-o", tmp_path / "l", "--store", "lance").code == 0
+    faiss_rows = _rows(invoke(capfd, "search", tmp_path / "f", "--id", "d3", "--id", "d9", "-k", "5").out)
+    lance_rows = _rows(invoke(capfd, "search", tmp_path / "l", "--id", "d3", "--id", "d9", "-k", "5").out)
+    for mine, theirs in zip(lance_rows, faiss_rows, strict=True):
+        assert [h["id"] for h in mine["results"]] == [h["id"] for h in theirs["results"]]
+        np.testing.assert_allclose(
+            [h["score"] for h in mine["results"]], [h["score"] for h in theirs["results"]], atol=2e-6
+        )
+
+
+# --- text, fields, filters, hybrid, the model recorded ------------------------------------------------------
+@pytest.fixture(scope="module")
+def glove_collection(tmp_path_factory):
+    """40 documents encoded with glove-avg, their corpus (text, year, lang) and a Lance index of both."""
+    from docembed.models.registry import load_model
+
+    folder = tmp_path_factory.mktemp("glove")
+    corpus = _corpus(folder / "c.jsonl", 40)
+    rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+    model = load_model("glove-avg")
+    x = model.encode([r["text"] for r in rows], 32)
+    emb = _dense(folder / "e.npy", x, [r["id"] for r in rows], model="glove-avg")
+    return folder, corpus, emb
+
+
+def test_build_with_text_and_fields_then_search_filter_and_hybrid(capfd, tmp_path, glove_collection):
+    folder, corpus, emb = glove_collection
+    index = tmp_path / "l"
+    built = invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--text-from", corpus,
+                   "--fields", "year,lang")  # fmt: skip
+    assert built.code == 0, built.err
+    assert json.loads((index / "docembed.json").read_text())["metadata"]["model"] == "glove-avg"
+    # the model comes from the index, as with faiss; hits carry the stored text
+    result = invoke(capfd, "search", index, "--query", "running dogs", "-k", "3")
+    assert result.code == 0, result.err
+    (row,) = _rows(result.out)
+    assert row["query"] == "running dogs" and all(h["text"].startswith(WORDS[1]) for h in row["results"])
+    faiss_index = tmp_path / "f"
+    assert invoke(capfd, "index", "build", emb, "-o", faiss_index).code == 0
+    (theirs,) = _rows(invoke(capfd, "search", faiss_index, "--query", "running dogs", "-k", "3").out)
+    assert [h["id"] for h in row["results"]] == [h["id"] for h in theirs["results"]]
+    # a prefilter on the stored fields
+    result = invoke(
+        capfd, "search", index, "--query", "cats", "-k", "5", "--where", "lang = 'fr' AND year > 2010"
+    )
+    hits = _rows(result.out)[0]["results"]
+    assert len(hits) == 5 and all(int(h["id"][1:]) % 2 == 1 and int(h["id"][1:]) > 10 for h in hits)
+    # hybrid: the full-text ranking (English stems: "swimming" finds "swim") fused with the vectors
+    result = invoke(capfd, "search", index, "--query", "swimming", "-k", "4", "--hybrid")
+    assert result.code == 0, result.err
+    assert all("fish swim" in h["text"] for h in _rows(result.out)[0]["results"])
+    trec = invoke(capfd, "search", index, "--query", "birds", "-k", "2", "--output-format", "trec").out
+    assert [line.split()[:4] for line in trec.splitlines()][0][:2] == ["0", "Q0"] and len(
+        trec.splitlines()
+    ) == 2
+    # a bad filter, and Lance options on a faiss index: one line each
+    assert (
+        "no field named"
+        in _one_line_error(invoke(capfd, "search", index, "--id", "d1", "--where", "nope > 1")).lower()
+    )
+    assert "--where" in _one_line_error(invoke(capfd, "search", faiss_index, "--id", "d1", "--where", "x"), 2)
+
+
+def test_the_table_reads_with_polars(tmp_path, glove_collection):
+    import lancedb
+    import polars as pl
+
+    folder, corpus, emb = glove_collection
+    from docembed.io.embeddings import load_embeddings
+    from docembed.lance_index import LanceIndex, corpus_columns
+
+    data = load_embeddings(str(emb))
+    texts, fields = corpus_columns(str(corpus), ["year"], set(data.ids))
+    LanceIndex.build(tmp_path / "l", data, texts=texts, fields=fields)
+    table = lancedb.connect(str(tmp_path / "l")).open_table("documents")
+    frame = table.to_polars().filter(pl.col("year") >= 2030).select("id", "text", "vector").collect()
+    assert sorted(frame["id"].to_list()) == sorted(f"d{i}" for i in range(30, 40))
+    vectors = np.asarray(frame["vector"].to_list(), dtype=np.float32)
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-6)  # stored normalised
+    assert json.loads(table.schema.metadata[b"docembed"])["model"] == "glove-avg"
+
+
+# --- refusals -----------------------------------------------------------------------------------------------
+def test_non_finite_vectors_and_duplicate_ids_are_refused(capfd, tmp_path):
+    x = _unit(np.random.default_rng(1), 10)
+    x[4, 2] = np.nan
+    emb = _dense(tmp_path / "nan.npy", x, [f"d{i}" for i in range(10)])
+    message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", tmp_path / "a", "--store", "lance"))
+    assert "NaN or infinite" in message  # the loader refuses it first; the index refuses it too
+    from docembed.errors import DocembedError
+    from docembed.lance_index import LanceIndex
+
+    with pytest.raises(DocembedError, match="NaN or infinite values \\(first: id 'd4'\\)"):
+        LanceIndex.build(tmp_path / "c", EmbeddingSet(x, [f"d{i}" for i in range(10)]))
+    dup = _dense(tmp_path / "dup.npy", _unit(np.random.default_rng(2), 4), ["a", "b", "a", "c"])
+    message = _one_line_error(invoke(capfd, "index", "build", dup, "-o", tmp_path / "b", "--store", "lance"))
+    assert "duplicate id" in message and "'a'" in message
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# --- add, update, remove, versions, compaction ------------------------------------------------------------
+def test_add_update_remove_and_versions(capfd, tmp_path):
+    from docembed.lance_index import LanceIndex
+
+    rng = np.random.default_rng(11)
+    x = _unit(rng, 30)
+    corpus = _corpus(tmp_path / "c.jsonl", 30)
+    emb = _dense(tmp_path / "e.npy", x[:20], [f"d{i}" for i in range(20)], model="m")
+    more = _dense(tmp_path / "more.npy", x[20:], [f"d{i}" for i in range(20, 30)], model="m")
+    index = tmp_path / "l"
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--text-from", corpus,
+                  "--fields", "year").code == 0  # fmt: skip
+    built = LanceIndex.open(index).version
+    result = invoke(capfd, "index", "add", index, more, "--text-from", corpus)
+    assert result.code == 0 and f"version {built + 1}" in result.err, result.err
+    opened = LanceIndex.open(index)
+    assert len(opened) == 30 and opened.texts_of(["d25"]) == {"d25": f"{WORDS[1]} number 25"}
+    assert opened.rows_of(["d25"], ["year"])["d25"]["year"] == 2025
+    message = _one_line_error(invoke(capfd, "index", "add", index, more))
+    assert "already in the index" in message and "index update" in message
+    # update: d0 gets d29's vector, keeps its text; x is a new id
+    new = _dense(tmp_path / "new.npy", np.stack([x[29], x[5]]), ["d0", "x"], model="m")
+    result = invoke(capfd, "index", "update", index, new)
+    assert result.code == 0 and "updated 1 and inserted 1" in result.err, result.err
+    opened = LanceIndex.open(index)
+    np.testing.assert_allclose(opened.stored("d0")[0], x[29], atol=1e-6)
+    assert opened.texts_of(["d0"])["d0"] == f"{WORDS[0]} number 0" and len(opened) == 31
+    (row,) = _rows(invoke(capfd, "search", index, "--id", "d0", "-k", "1").out)
+    assert row["results"][0]["id"] == "d29"
+    # remove, unknown ids counted
+    (tmp_path / "gone.txt").write_text("d1\nd2\nnope\n")
+    result = invoke(capfd, "index", "remove", index, "--ids", tmp_path / "gone.txt")
+    assert result.code == 0 and "removed 2 documents" in result.err and "1 id(s) not in" in result.err
+    latest = LanceIndex.open(index)
+    assert len(latest) == 29 and "d1" not in latest.ids()
+    # every earlier version stays readable: the build's answers come back
+    (old,) = _rows(invoke(capfd, "search", index, "--id", "d3", "-k", "30", "--version", str(built)).out)
+    assert len(old["results"]) == 19 and {"d1", "d2"} <= {h["id"] for h in old["results"]}
+    assert "d25" not in {h["id"] for h in old["results"]}
+    message = _one_line_error(invoke(capfd, "search", index, "--id", "d3", "--version", "999"))
+    assert "no version 999" in message
+    # compaction keeps the rows; --prune drops the old versions
+    assert invoke(capfd, "index", "compact", index).code == 0
+    assert invoke(capfd, "search", index, "--id", "d3", "--version", str(built)).code == 0
+    assert invoke(capfd, "index", "compact", index, "--prune").code == 0
+    assert len(LanceIndex.open(index)) == 29
+    assert invoke(capfd, "search", index, "--id", "d3", "--version", str(built)).code == 1
+    assert "Lance index" in _one_line_error(invoke(capfd, "index", "update", tmp_path / "nothing", new), 2)
+
+
+def test_a_second_writer_fails_at_once(capfd, tmp_path):
+    from docembed.io.outputs import output_lock
+    from docembed.lance_index import ANY_INDEX_DIRECTORY
+
+    rng = np.random.default_rng(5)
+    emb = _dense(tmp_path / "e.npy", _unit(rng, 10), [f"d{i}" for i in range(10)])
+    more = _dense(tmp_path / "m.npy", _unit(rng, 2), ["n0", "n1"])
+    index = tmp_path / "l"
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance").code == 0
+    with output_lock(index, ANY_INDEX_DIRECTORY):  # another writer holds the index
+        message = _one_line_error(invoke(capfd, "index", "add", index, more))
+    assert "another" in message and "writing" in message and "(pid " in message
+    assert invoke(capfd, "index", "add", index, more).code == 0
+
+
+KILLED_ADD = """
+import sys, time
+import numpy as np
+from docembed import lance_index
+from docembed.types import EmbeddingSet
+
+def slow(schema, embeddings, texts, fields, batches=lance_index._record_batches):
+    for number, batch in enumerate(batches(schema, embeddings, texts, fields)):
+        yield batch
+        if number == 9:  # ten batches handed to LanceDB, then the writer hangs until it is killed
+            print("writing", flush=True)
+            time.sleep(600)
+
+lance_index._record_batches = slow
+lance_index._CHUNK = 64
+rng = np.random.default_rng(0)
+x = rng.normal(size=(1000, 32)).astype(np.float32)
+lance_index.LanceIndex.open(sys.argv[1]).add(EmbeddingSet(x, [f"k{i}" for i in range(1000)]))
+"""
+
+
+def test_a_writer_killed_mid_add_leaves_the_previous_version(capfd, tmp_path):
+    from docembed.lance_index import LanceIndex
+
+    rng = np.random.default_rng(9)
+    emb = _dense(tmp_path / "e.npy", _unit(rng, 50), [f"d{i}" for i in range(50)])
+    index = tmp_path / "l"
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance").code == 0
+    before = LanceIndex.open(index).version
+    data = index / "documents.lance" / "data"
+    files_before = len(list(data.iterdir()))
+    script = tmp_path / "add.py"
+    script.write_text(KILLED_ADD)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    with subprocess.Popen([sys.executable, str(script), str(index)], stdout=subprocess.PIPE, env=env) as proc:
+        try:
+            assert proc.stdout.readline().strip() == b"writing"
+            deadline = time.monotonic() + 10
+            while len(list(data.iterdir())) == files_before and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert len(list(data.iterdir())) > files_before  # killed with a data file half written
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+    after = LanceIndex.open(index)
+    assert after.version == before and len(after) == 50 and not any(i.startswith("k") for i in after.ids())
+    # the dead writer's lock is swept: the next writer commits the next version
+    more = _dense(tmp_path / "m.npy", _unit(rng, 3), ["n0", "n1", "n2"])
+    assert invoke(capfd, "index", "add", index, more).code == 0
+    assert LanceIndex.open(index).version == before + 1 and len(LanceIndex.open(index)) == 53
+
+
+def test_a_stale_rebuild_that_would_undo_changes_is_refused(capfd, tmp_path):
+    rng = np.random.default_rng(47)
+    emb = _dense(tmp_path / "e.npy", _unit(rng, 20), [f"d{i}" for i in range(20)])
+    more = _dense(tmp_path / "more.npy", _unit(rng, 2), ["n0", "n1"])
+    index = tmp_path / "l"
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance").code == 0
+    assert invoke(capfd, "index", "add", index, more).code == 0
+    when = emb.stat().st_mtime + 5
+    os.utime(emb, (when, when))  # the input is newer: make's rule alone would rebuild and drop n0, n1
+    message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance"))
+    assert "2 document(s) added since it was built (first: 'n0')" in message and "--overwrite" in message
+    (tmp_path / "gone.txt").write_text("n0\nn1\nd4\n")
+    assert invoke(capfd, "index", "remove", index, "--ids", tmp_path / "gone.txt").code == 0
+    message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance"))
+    assert "1 document(s) removed since it was built (first: 'd4')" in message
+    # --overwrite rebuilds from the file alone; a faiss build may replace the Lance folder, and back
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--overwrite").code == 0
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--overwrite").code == 0
+    assert (index / "index.faiss").exists() and not (index / "docembed.json").exists()
+    assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--overwrite").code == 0
+    assert not (index / "index.faiss").exists() and (index / "documents.lance").is_dir()
