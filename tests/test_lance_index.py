@@ -351,3 +351,102 @@ def test_a_stale_rebuild_that_would_undo_changes_is_refused(capfd, tmp_path):
     assert (index / "index.faiss").exists() and not (index / "docembed.json").exists()
     assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--overwrite").code == 0
     assert not (index / "index.faiss").exists() and (index / "documents.lance").is_dir()
+
+
+# --- index migrate: a faiss index (its added segments too) becomes a Lance one -------------------------------
+@pytest.mark.parametrize("multi", [False, True])
+def test_migrate_keeps_ids_vectors_model_and_additions(capfd, tmp_path, multi):
+    rng = np.random.default_rng(7)
+    data = _multi(rng, 30) if multi else _unit(rng, 30)
+    ids = [f"d{i}" for i in range(30)]
+    first = EmbeddingSet(data.select(range(25)) if multi else data[:25], ids[:25], {"model": "m"})
+    later = EmbeddingSet(data.select(range(25, 30)) if multi else data[25:], ids[25:], {"model": "m"})
+    save_embeddings(first, str(tmp_path / "a.npz"))
+    save_embeddings(later, str(tmp_path / "b.npz"))
+    assert invoke(capfd, "-q", "index", "build", tmp_path / "a.npz", "-o", tmp_path / "f.index").code == 0
+    assert invoke(capfd, "-q", "index", "add", tmp_path / "f.index", tmp_path / "b.npz").code == 0
+    corpus = _corpus(tmp_path / "c.jsonl", 30)
+    migrated = invoke(
+        capfd,
+        "-q",
+        "index",
+        "migrate",
+        tmp_path / "f.index",
+        "-o",
+        tmp_path / "l",
+        "--text-from",
+        corpus,
+        "--fields",
+        "year",
+    )
+    assert migrated.code == 0, migrated.err
+    faiss_rows = _rows(
+        invoke(capfd, "search", tmp_path / "f.index", "--id", "d3", "--id", "d27", "-k", "5").out
+    )
+    lance_rows = _rows(invoke(capfd, "search", tmp_path / "l", "--id", "d3", "--id", "d27", "-k", "5").out)
+    for mine, theirs in zip(lance_rows, faiss_rows, strict=True):
+        assert [h["id"] for h in mine["results"]] == [h["id"] for h in theirs["results"]]
+        np.testing.assert_allclose(
+            [h["score"] for h in mine["results"]], [h["score"] for h in theirs["results"]], atol=1e-5
+        )
+        assert all(h["text"].endswith(f"number {h['id'][1:]}") for h in mine["results"])
+    from docembed.lance_index import LanceIndex
+
+    table = LanceIndex.open(tmp_path / "l")
+    assert sorted(table.ids()) == sorted(ids) and table.recorded_model() == "m" and table.fields == ["year"]
+    # the faiss index is left as it was; a second migrate to the same folder needs --overwrite
+    assert (tmp_path / "f.index" / "index.faiss").is_file()
+    again = invoke(capfd, "-q", "index", "migrate", tmp_path / "f.index", "-o", tmp_path / "l")
+    assert "exists" in _one_line_error(again)
+
+
+def test_migrate_refuses_what_is_not_a_faiss_index(capfd, tmp_path):
+    _dense(tmp_path / "e.npy", _unit(np.random.default_rng(1), 5), [f"d{i}" for i in range(5)])
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", tmp_path / "e.npy", "-o", tmp_path / "l", "--store", "lance"
+        ).code
+        == 0
+    )
+    assert "not a faiss index" in _one_line_error(
+        invoke(capfd, "index", "migrate", tmp_path / "l", "-o", tmp_path / "x"), code=2
+    )
+    corpus = _corpus(tmp_path / "c.jsonl", 5)
+    assert invoke(capfd, "-q", "index", "build", corpus, "-t", "bm25", "-o", tmp_path / "b").code == 0
+    assert "bm25" in _one_line_error(
+        invoke(capfd, "index", "migrate", tmp_path / "b", "-o", tmp_path / "x"), code=2
+    )
+
+
+# --- search settings: recorded at build, tuned per search --------------------------------------------------
+def test_multi_vector_search_settings_trade_recall_for_work(capfd, tmp_path):
+    from docembed.faiss_index import VectorIndex
+    from docembed.scoring import maxsim_one_to_many
+
+    rng = np.random.default_rng(3)
+    data = _multi(rng, 400, dim=16, most=8)
+    emb = EmbeddingSet(data, [f"d{i}" for i in range(400)], {"model": "m"})
+    save_embeddings(emb, str(tmp_path / "m.npz"))
+    assert (
+        invoke(capfd, "-q", "index", "build", tmp_path / "m.npz", "-o", tmp_path / "i", "-t", "ivf").code == 0
+    )
+    index = VectorIndex.load(tmp_path / "i")
+    recorded = index.search_settings()
+    assert set(recorded) == {"nprobe", "candidates"} and recorded["nprobe"] <= index.nlist
+    query = data.select([0])
+    exact = maxsim_one_to_many(query.vectors, data)
+    # every list probed and every vector a candidate: the exact ranking
+    everything = index.search(query, 10, nprobe=index.nlist, candidates=len(data.vectors))[0]
+    assert [i for i, _ in everything] == [f"d{j}" for j in np.argsort(-exact, kind="stable")[:10]]
+    # one list and one candidate per query vector: fewer documents scored, each still exactly
+    narrow = index.search(query, 10, nprobe=1, candidates=1)[0]
+    assert len(narrow) <= len(query.vectors)
+    for doc_id, score in narrow:
+        assert abs(score - exact[int(doc_id[1:])]) < 1e-4
+    # the CLI's --nprobe/--candidates are the same settings
+    out = invoke(
+        capfd, "search", tmp_path / "i", "--id", "d0", "-k", "10", "--nprobe", "1", "--candidates", "1"
+    ).out
+    assert [h["id"] for h in _rows(out)[0]["results"]] == [i for i, _ in narrow if i != "d0"][:10]
+    refused = invoke(capfd, "search", tmp_path / "i", "--id", "d0", "--nprobe", "0")
+    assert refused.code == 2

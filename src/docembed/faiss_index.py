@@ -166,6 +166,7 @@ class VectorIndex:
         self.changes = changes if changes is not None else IndexChanges()
         self._doc_of_vector = None
         self._rows: dict[str, int] | None = None  # id -> row, built when first needed (scores_of)
+        self._tuning: dict[str, int] = {}  # search settings for this process (`tune`), never saved
         if multi is not None:
             self._doc_of_vector = np.repeat(np.arange(len(multi)), multi.counts)
 
@@ -198,10 +199,17 @@ class VectorIndex:
             self.index = faiss.index_cpu_to_gpu(faiss.StandardGpuResources(), 0, self.index)
         return self
 
-    def search(self, queries: Vectors, k: int = 10) -> list[list[tuple[str, float]]]:
-        """Top-k (id, score) per query, best first."""
+    def search(
+        self, queries: Vectors, k: int = 10, nprobe: int | None = None, candidates: int | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Top-k (id, score) per query, best first. An IVF index scans `nprobe` of its lists per query
+        vector; a multi-vector index takes `candidates` hits per query vector, whose documents are rescored
+        exactly. Both default to what the index recorded at build (`search_settings`)."""
         k = min(k, len(self.ids))
         self._check_queries(queries)
+        settings = self.search_settings(k, nprobe, candidates)
+        if "nprobe" in settings:
+            self._ivf().nprobe = min(settings["nprobe"], self.nlist)
         if self.multi is None:
             if isinstance(queries, MultiVectors):
                 raise UsageError("this index holds dense embeddings; encode queries with a dense model")
@@ -213,7 +221,7 @@ class VectorIndex:
         if not isinstance(queries, MultiVectors):
             raise UsageError("this index holds multi-vector embeddings; encode queries with the same model")
         results = []
-        per_vector = min(max(4 * k, 64), len(self.multi.vectors))
+        per_vector = min(settings["candidates"], len(self.multi.vectors))
         # one faiss call for every query vector of the batch: matrix products instead of a call per query
         flat = l2_normalize(queries.vectors.astype(np.float32))
         every_hit = self.index.search(flat, per_vector)[1] if len(flat) else np.zeros((0, per_vector))
@@ -223,11 +231,42 @@ class VectorIndex:
             if len(query) == 0:
                 results.append([])
                 continue
-            candidates = np.unique(self._doc_of_vector[hits[hits >= 0]])
-            scores = maxsim_one_to_many(query, self.multi.select(candidates), self.passage_temperature)
+            found = np.unique(self._doc_of_vector[hits[hits >= 0]])
+            scores = maxsim_one_to_many(query, _gather(self.multi, found), self.passage_temperature)
             order = np.argsort(-scores, kind="stable")[:k]
-            results.append([(self.ids[candidates[j]], float(scores[j])) for j in order])
+            results.append([(self.ids[found[j]], float(scores[j])) for j in order])
         return results
+
+    def tune(self, nprobe: int | None = None, candidates: int | None = None) -> VectorIndex:
+        """Search with these settings from now on (`search --nprobe/--candidates`), instead of those
+        recorded at build; the index on disk keeps its own."""
+        self._tuning.update(
+            {key: value for key, value in (("nprobe", nprobe), ("candidates", candidates)) if value}
+        )
+        return self
+
+    def search_settings(self, k: int = 10, nprobe: int | None = None, candidates: int | None = None) -> dict:
+        """The search settings a query gets: the arguments, else `tune`'s, else those recorded at build
+        (meta.json "search"), else those of indexes built before they were recorded (nprobe as faiss saved
+        it, and max(4k, 64) candidates per query vector)."""
+        recorded = {**(self.metadata.get("search") or {}), **self._tuning}
+        settings = {}
+        if self.nlist:
+            settings["nprobe"] = int(nprobe or recorded.get("nprobe") or self._ivf().nprobe)
+        if self.multi is not None:
+            settings["candidates"] = int(candidates or recorded.get("candidates") or max(4 * k, 64))
+        return settings
+
+    @property
+    def nlist(self) -> int:
+        """The number of inverted lists of an IVF index (0 for flat and HNSW ones)."""
+        return int(getattr(self._ivf(), "nlist", 0))
+
+    def _ivf(self):
+        try:
+            return _faiss().extract_index_ivf(self.index)
+        except (RuntimeError, AttributeError):  # not an IVF index
+            return None
 
     # --- collections: add, remove, more like this ---------------------------------------------------------
     def add(self, embeddings: EmbeddingSet) -> None:
@@ -269,7 +308,7 @@ class VectorIndex:
         if not (directory / "index.faiss").exists():
             raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
         with output_lock(directory, INDEX_DIRECTORY):
-            metadata = _read_index_meta(directory / "meta.json")
+            metadata = read_index_meta(directory / "meta.json")
             appended = [i for folder in _segment_folders(directory, metadata) for i in read_ids(folder)]
             ids = read_ids(directory) + appended
             described = "dim" in metadata and metadata.get("kind") in ("dense", "multi")
@@ -380,12 +419,22 @@ class VectorIndex:
         held = np.stack([self.index.reconstruct(int(row)) for row in rows])
         return held @ l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
 
+    def embeddings(self) -> EmbeddingSet:
+        """The indexed documents as an embedding set (what `index migrate` moves): ids, the vectors as faiss
+        holds them (added segments included) and the embeddings' metadata, without the index's own keys."""
+        data = self.multi if self.multi is not None else _held(self.index)
+        own = ("index_kind", "count", "storage", "dim", "kind", "segments", "search")
+        return EmbeddingSet(data, list(self.ids), {k: v for k, v in self.metadata.items() if k not in own})
+
     def recorded_model(self) -> str | None:
         """The model the index was built with, as its metadata records it (a saved model's path first)."""
         return _model_in(self.metadata)
 
     def __contains__(self, doc_id: object) -> bool:
         return doc_id in self._row_of()
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
     def _row_of(self) -> dict[str, int]:
         if self._rows is None:
@@ -437,7 +486,7 @@ class VectorIndex:
             raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
         index = _read_faiss(directory / "index.faiss")
         ids = read_ids(directory)
-        metadata = _read_index_meta(directory / "meta.json")
+        metadata = read_index_meta(directory / "meta.json")
         multi = _read_multi(directory, index) if (directory / "offsets.npy").exists() else None
         _check_counts(directory, index, ids, metadata, multi)
         _check_stored_vectors(directory, index, multi)
@@ -493,7 +542,7 @@ def changes_since_build(directory: str | Path) -> IndexChanges | None:
     directory = Path(directory)
     if not (directory / "index.faiss").is_file() or is_bm25_dir(directory):
         return None
-    metadata = _read_index_meta(directory / "meta.json")
+    metadata = read_index_meta(directory / "meta.json")
     changes = _read_changes(directory)
     for folder in _segment_folders(directory, metadata):
         changes.record_added(read_ids(folder))
@@ -509,7 +558,7 @@ def recorded_model_of(directory: str | Path) -> str | None:
     directory = Path(directory)
     if not (directory / "index.faiss").exists():
         raise DocembedError(f"{directory} is not a docembed index (no index.faiss)")
-    return _model_in(_read_index_meta(directory / "meta.json"))
+    return _model_in(read_index_meta(directory / "meta.json"))
 
 
 def index_stamp(directory: str | Path) -> tuple[int, int, int] | None:
@@ -624,7 +673,7 @@ def _read_faiss(path: Path):
         raise DocembedError(f"cannot read {path}: not a faiss index or damaged ({reason})") from None
 
 
-def _read_index_meta(path: Path) -> dict:
+def read_index_meta(path: Path) -> dict:
     try:
         metadata = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -685,6 +734,14 @@ def _check_stored_vectors(directory: Path, index, multi: MultiVectors | None, ch
         raise DocembedError(f"{directory} holds NaN or infinite vectors: rebuild it from finite embeddings")
 
 
+def _gather(multi: MultiVectors, documents: np.ndarray) -> MultiVectors:
+    """The vectors of `documents` (rows of `multi`), in one fancy-indexing copy rather than a slice each."""
+    starts, counts = multi.offsets[documents], multi.counts[documents]
+    offsets = np.concatenate([[0], np.cumsum(counts)])
+    rows = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
+    return MultiVectors(multi.vectors[rows], offsets)
+
+
 def _refuse_non_finite(embeddings: EmbeddingSet) -> None:
     data = embeddings.data
     values = data.vectors if isinstance(data, MultiVectors) else np.asarray(data)
@@ -732,6 +789,7 @@ class BM25Index:
         self.weights, self.terms, self.ids, self.metadata = weights, terms, ids, metadata
         self._column = {term: j for j, term in enumerate(terms)}
         self._rows: dict[str, int] | None = None  # id -> row, built when first needed (scores_of)
+        self._tuning: dict[str, int] = {}  # search settings for this process (`tune`), never saved
 
     @classmethod
     def build(
@@ -828,7 +886,7 @@ class BM25Index:
         from scipy import sparse
 
         directory = Path(directory)
-        metadata = _read_index_meta(directory / "meta.json")
+        metadata = read_index_meta(directory / "meta.json")
         try:
             weights = sparse.load_npz(directory / BM25_WEIGHTS).tocsc()
             terms = json.loads((directory / BM25_TERMS).read_text(encoding="utf-8"))

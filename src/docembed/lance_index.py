@@ -126,6 +126,7 @@ class LanceIndex:
 
     def __init__(self, directory: Path, table, metadata: dict, pinned: bool = False):
         self.directory, self.table, self.metadata, self.pinned = Path(directory), table, metadata, pinned
+        self._tuning: dict[str, int] = {}  # search settings for this process (`tune`)
 
     # --- what it holds ----------------------------------------------------------------------------------
     @property
@@ -162,6 +163,9 @@ class LanceIndex:
 
     def __len__(self) -> int:
         return int(self.table.count_rows())
+
+    def __contains__(self, doc_id: object) -> bool:
+        return isinstance(doc_id, str) and bool(self.rows_of([doc_id], []))
 
     def recorded_model(self) -> str | None:
         """The model the index was built with (a saved model's path first), as faiss indexes record it."""
@@ -206,7 +210,7 @@ class LanceIndex:
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
         _refuse_non_finite(embeddings)
-        _refuse_repeated(embeddings.ids, "the embeddings")
+        refuse_repeated_ids(embeddings.ids, "the embeddings")
         fields = dict(fields or {})
         clash = next((name for name in fields if name in RESERVED), None)
         if clash:
@@ -282,7 +286,10 @@ class LanceIndex:
         """Top-k (id, score) per query, best first, among the rows that `where` (an SQL filter, applied
         before the vector search) keeps. `nprobes`, `refine_factor`, `ef`: an approximate index's search
         settings, instead of those recorded at build."""
-        tuning = {"nprobes": nprobes, "refine_factor": refine_factor, "ef": ef}
+        tuning = {**self._tuning}
+        tuning.update(
+            {k: v for k, v in (("nprobes", nprobes), ("refine_factor", refine_factor), ("ef", ef)) if v}
+        )
         self._check_queries(queries)
         if self.is_multi:
             return [
@@ -307,6 +314,14 @@ class LanceIndex:
             hits.sort(key=lambda hit: -hit[1])
         return results
 
+    def tune(self, nprobe: int | None = None, candidates: int | None = None) -> LanceIndex:
+        """Search with these settings from now on (`search --nprobe/--candidates`): an IVF index's lists
+        probed, and a multi-vector search's candidate documents rescored exactly."""
+        self._tuning.update(
+            {key: value for key, value in (("nprobes", nprobe), ("candidates", candidates)) if value}
+        )
+        return self
+
     def _vector_query(self, query, limit: int, where, tuning: dict | None = None):
         builder = self.table.search(query, vector_column_name="vector").distance_type("cosine").limit(limit)
         if self.lance_type is not None:
@@ -325,7 +340,7 @@ class LanceIndex:
         # LanceDB's MaxSim is exact over a flat table; an approximate index, or maxima smoothed over
         # passages, gets more candidates, rescored here from their stored vectors
         exact = self.lance_type is None and self.passage_temperature == 0
-        depth = k if exact else max(4 * k, 64)
+        depth = k if exact else max(k, tuning.get("candidates") or max(4 * k, 64))
         builder = self._vector_query(query, depth, where, tuning)
         found = self._run(builder.select(["id", "_distance"] + ([] if exact else ["vector"])))
         ids = found["id"].to_pylist()
@@ -531,13 +546,37 @@ class LanceIndex:
         if embeddings.dim != self.dim:
             raise DocembedError(f"the new embeddings are {embeddings.dim}-d, the index's {self.dim}-d")
         _refuse_non_finite(embeddings)
-        _refuse_repeated(embeddings.ids, "the new embeddings")
+        refuse_repeated_ids(embeddings.ids, "the new embeddings")
         if texts is not None and not self.has_text:
             raise UsageError(f"{self.directory} holds no text: build it with --text-from to store text")
         unknown = next((name for name in fields or {} if name not in self.fields), None)
         if unknown is not None:
             have = ", ".join(self.fields) or "none"
             raise UsageError(f"--fields: the index has no field {unknown!r} (its fields: {have})")
+
+
+def refuse_undoing_changes(output: str | Path, source: str | Path, ids: Sequence[str]) -> None:
+    """Refuse a rebuild of the Lance index at `output` from `source` (its embeddings' `ids`) that would
+    drop documents added since it was built, or bring back removed ones (its build version against its
+    latest, while the build version is on disk): --overwrite says to rebuild from `source` alone."""
+    if not is_lance_dir(output):
+        return
+    added, removed = changes_since_build(output)
+    have = set(ids)
+    dropped = [i for i in added if i not in have]
+    revived = [i for i in removed if i in have]
+    if dropped:
+        raise DocembedError(
+            f"{output} holds {len(dropped)} document(s) added since it was built (first: {dropped[0]!r}) "
+            f"that {source} lacks: a rebuild from {source} would drop them; pass --overwrite to rebuild from "
+            f"{source} alone, or encode them into {source} first"
+        )
+    if revived:
+        raise DocembedError(
+            f"{output} lacks {len(revived)} document(s) removed since it was built (first: {revived[0]!r}) "
+            f"that {source} still holds: a rebuild from {source} would bring them back; pass --overwrite to "
+            f"rebuild from {source} alone, or take them out of {source} first"
+        )
 
 
 def changes_since_build(directory: str | Path) -> tuple[list[str], list[str]]:
@@ -556,6 +595,44 @@ def changes_since_build(directory: str | Path) -> tuple[list[str], list[str]]:
         return now, []  # no build version to compare with: every id counts as added
     was, present = set(then), set(now)
     return [i for i in now if i not in was], [i for i in then if i not in present]
+
+
+# --- either store, by what a folder holds: what `serve` and `search` open ---------------------------------
+def open_index(directory: str | Path):
+    """The vector index in `directory`: a LanceIndex for a Lance folder, else a faiss VectorIndex."""
+    from docembed.faiss_index import VectorIndex
+
+    return LanceIndex.open(directory) if is_lance_dir(directory) else VectorIndex.load(directory)
+
+
+def index_stamp(directory: str | Path):
+    """A cheap stamp that changes with every change of the index in `directory`, either store (None while
+    it cannot be read): a Lance table's newest manifest (every commit writes one), or faiss' meta.json."""
+    from docembed.faiss_index import index_stamp as faiss_stamp
+
+    directory = Path(directory)
+    if not is_lance_dir(directory):
+        return faiss_stamp(directory)
+    try:  # Lance names manifests u64::MAX - version: the newest has the smallest number
+        manifests = [
+            int(p.stem)
+            for p in (directory / f"{TABLE}.lance" / "_versions").iterdir()
+            if p.suffix == ".manifest"
+        ]
+    except (OSError, ValueError):
+        return None
+    return (len(manifests), min(manifests)) if manifests else None
+
+
+def recorded_model_of(directory: str | Path) -> str | None:
+    """The model the index in `directory` was built with, read without opening it, either store."""
+    from docembed.faiss_index import recorded_model_of as faiss_model
+
+    directory = Path(directory)
+    if not is_lance_dir(directory):
+        return faiss_model(directory)
+    metadata = json.loads((directory / MARKER).read_text(encoding="utf-8")).get("metadata", {})
+    return metadata.get("model_source") or metadata.get("model")
 
 
 # --- arrow: the table's schema and record batches ----------------------------------------------------------
@@ -654,11 +731,13 @@ def _vector_index_config(lance_type: str, options: dict):
     return config(distance_type="cosine", **options)
 
 
-def _refuse_repeated(ids: Sequence[str], what: str) -> None:
+def refuse_repeated_ids(ids: Sequence[str], what: str) -> None:
+    """A Lance index keys its rows by id: `what` (the embeddings' name) may not repeat one."""
     if len(set(ids)) != len(ids):
         repeated = next(i for i, n in Counter(ids).items() if n > 1)
         raise DocembedError(
-            f"{what} repeat {len(ids) - len(set(ids))} id(s) (first: {repeated!r}): ids are the table's key"
+            f"{what}: {len(ids) - len(set(ids))} duplicate id(s) (first: {repeated!r}): "
+            "a Lance index keys its rows by id"
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
 from docembed.cli import common
@@ -119,63 +121,64 @@ def _build_lance(
 ) -> None:
     from docembed.errors import UsageError
     from docembed.io.embeddings import load_embeddings
+
+    if allow_duplicate_ids:
+        raise UsageError("a Lance index keys its rows by id: --allow-duplicate-ids is for faiss indexes")
+    _write_lance(
+        lambda: load_embeddings(embeddings),
+        embeddings,
+        output,
+        kind,
+        storage,
+        overwrite,
+        text_from,
+        fields,
+        id_field,
+        text_field,
+    )
+
+
+def _write_lance(load, source, output, kind, storage, overwrite, text_from, fields, id_field, text_field):
+    """Write the embeddings `load()` returns (read from `source`) as a Lance index at `output`, with the
+    texts and fields of `text_from`: `index build --store lance` and `index migrate`. Every check that needs
+    no embeddings comes first."""
+    from docembed.errors import UsageError
     from docembed.io.outputs import check_output, directory_output
-    from docembed.lance_index import ANY_INDEX_DIRECTORY, KINDS, LanceIndex, corpus_columns
+    from docembed.lance_index import (
+        ANY_INDEX_DIRECTORY,
+        KINDS,
+        LanceIndex,
+        corpus_columns,
+        refuse_repeated_ids,
+        refuse_undoing_changes,
+    )
     from docembed.runtime import log
 
-    inputs = [path for path in (embeddings, text_from) if path]
+    inputs = [path for path in (source, text_from) if path]
     check_output(output, overwrite, directory=True, inputs=inputs, kind=ANY_INDEX_DIRECTORY)
     if kind not in KINDS:
         raise UsageError(f"unknown Lance index type {kind!r}; choose one of {', '.join(KINDS)}")
-    if allow_duplicate_ids:
-        raise UsageError("a Lance index keys its rows by id: --allow-duplicate-ids is for faiss indexes")
     names = _field_names(fields)
     if names and text_from is None:
         raise UsageError("--fields reads the corpus rows: give --text-from CORPUS")
     if text_from is not None:
         common.reader(text_from, None, id_field, text_field, False)  # a wrong corpus fails before any work
-    emb = load_embeddings(embeddings)
-    _refuse_duplicates(embeddings, emb.ids)
-    _refuse_undoing_lance_changes(output, embeddings, emb.ids, overwrite)
+    emb = load()
+    refuse_repeated_ids(emb.ids, str(source))
+    if not overwrite:
+        refuse_undoing_changes(output, source, emb.ids)
     texts, values = None, {}
     if text_from is not None:
         texts, values = corpus_columns(text_from, names, set(emb.ids), id_field, text_field)
         _warn_missing(text_from, emb.ids, texts)
     with directory_output(output, ANY_INDEX_DIRECTORY, overwrite, inputs=inputs) as staging:
-        # again, under the write lock: an `index add` may have committed while the corpus was read
-        _refuse_undoing_lance_changes(output, embeddings, emb.ids, overwrite)
+        if not overwrite:  # again, under the write lock: an `index add` may have committed meanwhile
+            refuse_undoing_changes(output, source, emb.ids)
         index = LanceIndex.build(staging, emb, kind, storage, texts, values)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
     stored = ", text" if texts is not None else ""
     stored += "".join(f", {name}" for name in names)
     log(f"indexed {what} (lance {kind}, {storage}{stored}; version {index.version}) -> {output}")
-
-
-def _refuse_undoing_lance_changes(output, source, ids, overwrite: bool) -> None:
-    """The Lance form of `_refuse_undoing_changes`: a rebuild of a Lance index made stale by `source`
-    that would drop documents added since it was built, or bring back removed ones (its build version
-    against its latest, while the build version is on disk), is refused unless --overwrite."""
-    from docembed.errors import DocembedError
-    from docembed.lance_index import changes_since_build, is_lance_dir
-
-    if overwrite or not is_lance_dir(output):
-        return
-    added, removed = changes_since_build(output)
-    have = set(ids)
-    dropped = [i for i in added if i not in have]
-    revived = [i for i in removed if i in have]
-    if dropped:
-        raise DocembedError(
-            f"{output} holds {len(dropped)} document(s) added since it was built (first: {dropped[0]!r}) "
-            f"that {source} lacks: a rebuild from {source} would drop them; pass --overwrite to rebuild from "
-            f"{source} alone, or encode them into {source} first"
-        )
-    if revived:
-        raise DocembedError(
-            f"{output} lacks {len(revived)} document(s) removed since it was built (first: {revived[0]!r}) "
-            f"that {source} still holds: a rebuild from {source} would bring them back; pass --overwrite to "
-            f"rebuild from {source} alone, or take them out of {source} first"
-        )
 
 
 def _field_names(fields: str | None) -> list[str]:
@@ -187,17 +190,6 @@ def _field_names(fields: str | None) -> list[str]:
     if not all(names) or len(set(names)) != len(names):
         raise UsageError(f"--fields takes distinct names separated by commas, not {fields!r}")
     return names
-
-
-def _refuse_duplicates(source: str, ids) -> None:
-    from docembed.errors import DocembedError
-
-    duplicates = len(ids) - len(set(ids))
-    if duplicates:
-        first = next(i for i, n in _counts(ids).items() if n > 1)
-        raise DocembedError(
-            f"{source}: {duplicates} duplicate id(s) (first: {first!r}): a Lance index keys its rows by id"
-        )
 
 
 def _warn_missing(corpus: str, ids, texts) -> None:
@@ -303,6 +295,53 @@ def _refuse_bm25(index: str) -> None:
             f"{index} is a bm25 index, whose idf comes from its whole corpus: rebuild it with "
             "`docembed index build CORPUS --type bm25 -o INDEX`"
         )
+
+
+@index_app.command("migrate")
+def migrate(
+    index: str = typer.Argument(..., help="A faiss index directory (`index build --store faiss`)."),
+    output: str = typer.Option(..., "-o", "--output", help="The Lance index directory to write."),
+    kind: str = typer.Option(
+        "flat", "--type", "-t", help="Lance index type (as `index build --store lance`)."
+    ),
+    storage: str = typer.Option(
+        None, "--storage", help="float32 | float16 (default: float16 for a float16 or int8 faiss index)."
+    ),
+    text_from: str = typer.Option(None, "--text-from", help="Corpus whose texts are stored per id."),
+    fields: str = typer.Option(None, "--fields", help="Scalar fields of the corpus rows to store (a,b)."),
+    id_field: str = common.ID_FIELD,
+    text_field: str = common.TEXT_FIELD,
+    overwrite: bool = common.OVERWRITE,
+) -> None:
+    """Convert a faiss index into a Lance one: the same ids, vectors (as faiss holds them, `index add`
+    segments included) and model, plus the texts and fields of --text-from. The faiss index is left as it is.
+
+    Example: docembed index migrate docs.index -o docs.lance --text-from docs.jsonl --fields year
+    """
+    from docembed.errors import UsageError
+    from docembed.faiss_index import VectorIndex, is_index_dir, read_index_meta
+
+    if not is_index_dir(Path(index)):
+        raise UsageError(f"{index} is not a faiss index directory (index.faiss, ids.json, meta.json)")
+    metadata = read_index_meta(Path(index) / "meta.json")
+    if metadata.get("index_kind") == "bm25":
+        raise UsageError(
+            f"{index} is a bm25 index: a Lance index stores the texts (--text-from) and searches them"
+        )
+    held = metadata.get("storage", "float32")
+    storage = storage or ("float32" if held == "float32" else "float16")
+    _write_lance(
+        lambda: VectorIndex.load(index).embeddings(),
+        index,
+        output,
+        kind,
+        storage,
+        overwrite,
+        text_from,
+        fields,
+        id_field,
+        text_field,
+    )
 
 
 @index_app.command("add")
@@ -483,6 +522,19 @@ def search(
     version: int = typer.Option(
         None, "--version", min=1, help="Lance index: search this earlier version (index add/remove log it)."
     ),
+    nprobe: int = typer.Option(
+        None,
+        "--nprobe",
+        min=1,
+        help="IVF index: lists scanned per query vector (default: as recorded at build).",
+    ),
+    candidates: int = typer.Option(
+        None,
+        "--candidates",
+        min=1,
+        help="Multi-vector index: nearest vectors taken per query vector, whose documents are rescored "
+        "exactly (default: as recorded at build).",
+    ),
 ) -> None:
     """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout or in -o FILE.
 
@@ -514,6 +566,10 @@ def search(
     if bm25 is not None and more_like:
         raise UsageError("--id needs a vector index: a bm25 index holds no document vectors")
     vector_index = lance if lance is not None else VectorIndex.load(index) if bm25 is None else None
+    if vector_index is not None:
+        vector_index.tune(nprobe, candidates)
+    elif nprobe or candidates:
+        raise UsageError("--nprobe and --candidates tune a vector index's search, not a bm25 index's")
     if lance is None and vector_index is not None and resolve_device().startswith("cuda"):
         vector_index.to_gpu()
 
