@@ -450,3 +450,44 @@ def test_multi_vector_search_settings_trade_recall_for_work(capfd, tmp_path):
     assert [h["id"] for h in _rows(out)[0]["results"]] == [i for i, _ in narrow if i != "d0"][:10]
     refused = invoke(capfd, "search", tmp_path / "i", "--id", "d0", "--nprobe", "0")
     assert refused.code == 2
+
+
+# --- hybrid with a fusion model: the candidates ranked as rerank ranks them --------------------------------
+def test_hybrid_with_a_fusion_ranks_as_rerank_over_the_same_candidates(capfd, tmp_path, glove_collection):
+    folder, corpus, emb = glove_collection
+    index = tmp_path / "l"
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", emb, "-o", index, "--store", "lance", "--text-from", corpus
+        ).code
+        == 0
+    )
+    texts = {json.loads(line)["id"]: json.loads(line)["text"] for line in corpus.read_text().splitlines()}
+    for query in ("fish swimming slowly", "dogs running"):
+        # a depth over the collection's size: every document is a candidate
+        found = invoke(
+            capfd, "search", index, "--query", query, "-m", "bm25+glove-avg", "-k", "40", "--depth", "100"
+        )
+        assert found.code == 0, found.err
+        hits = _rows(found.out)[0]["results"]
+        assert sorted(h["id"] for h in hits) == sorted(texts)
+        task = tmp_path / "task.jsonl"
+        task.write_text(json.dumps({"query": query, "candidates": list(texts.values())}) + "\n")
+        reranked = invoke(capfd, "rerank", task, "-m", "bm25+glove-avg")
+        assert reranked.code == 0, reranked.err
+        ranking = json.loads(reranked.out)["ranking"]
+        id_of = {text: doc for doc, text in texts.items()}
+        assert [h["id"] for h in hits] == [id_of[r["text"]] for r in ranking]
+        np.testing.assert_allclose([h["score"] for h in hits], [r["score"] for r in ranking], atol=2e-5)
+    # the fusion's lexical part is what ranks "swimming" (a stem of the text, not a word of it) by words
+    shallow = _rows(
+        invoke(
+            capfd, "search", index, "--query", "swim", "-m", "bm25+glove-avg", "-k", "3", "--depth", "3"
+        ).out
+    )
+    assert all("fish swim" in h["text"] for h in shallow[0]["results"])
+    # without stored text there is nothing to fuse: one line before any model loads
+    bare = tmp_path / "bare"
+    assert invoke(capfd, "-q", "index", "build", emb, "-o", bare, "--store", "lance").code == 0
+    refused = invoke(capfd, "search", bare, "--query", "x", "-m", "bm25+glove-avg")
+    assert "holds no text" in _one_line_error(refused, code=2)

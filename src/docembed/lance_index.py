@@ -385,6 +385,84 @@ class LanceIndex:
             results.append(list(zip(found["id"].to_pylist(), map(float, scores), strict=True))[:k])
         return results
 
+    def fused_search(
+        self,
+        query_texts: Sequence[str],
+        queries: Vectors,
+        fusion,
+        k: int = 10,
+        where: str | None = None,
+        depth: int = 100,
+    ) -> list[list[tuple[str, float]]]:
+        """Top-k (id, fused score) per query for a fusion model (`-m bm25+MODEL`, a fitted fusion folder:
+        models.fusion, with its validated weight): the union of the vector search's and the full-text
+        search's top `depth` ids are a query's candidates, which the fusion scores as `docembed rerank -m
+        FUSION` scores one row of them. Its lexical part is fitted on the candidates' stored texts when it
+        needs fitting (as rerank fits it on a row's candidates), the model part's exact scores come from
+        the stored vectors, and the two are normalised over the candidates and combined."""
+        from docembed.models.fusion import fuse
+
+        if not self.has_text:
+            raise UsageError(
+                "hybrid search needs the documents' text in the index: build it with --text-from"
+            )
+        self._check_queries(queries)
+        fit_per_query = fusion.requires_fit  # a built-in pair; a fitted fusion folder keeps its own fit
+        dense = self.search(queries, depth, where)
+        results = []
+        for i, text in enumerate(query_texts):
+            candidates = list(
+                dict.fromkeys([doc for doc, _ in dense[i]] + self._full_text(text, depth, where))
+            )
+            if not candidates:
+                results.append([])
+                continue
+            stored = self.rows_of(candidates, ["text"])
+            texts = [stored[doc]["text"] or "" for doc in candidates]
+            if fit_per_query:
+                fusion.lexical.fit(texts)
+            lexical = fusion.lexical_scores([text], texts)
+            one = queries.select([i]) if isinstance(queries, MultiVectors) else np.asarray(queries)[i : i + 1]
+            model = self.scores_of(one, candidates)[None].astype(np.float64)
+            config = fusion.config
+            fused = fuse(lexical, model, config.weight, config.normalization, config.rrf_k)[0]
+            order = np.argsort(-fused, kind="stable")[:k]
+            results.append([(candidates[j], float(fused[j])) for j in order])
+        return results
+
+    def _full_text(self, text: str, limit: int, where: str | None) -> list[str]:
+        """The ids of the `limit` best full-text matches of `text` (BM25 over English stems), best first."""
+        if not text.strip():
+            return []
+        builder = self.table.search(text, query_type="fts", fts_columns="text").limit(limit)
+        if where:
+            builder = builder.where(where, prefilter=True)
+        return self._run(builder.select(["id"]))["id"].to_pylist()
+
+    def scores_of(self, query: Vectors, doc_ids: Sequence[str]) -> np.ndarray:
+        """The exact score of one query (a batch of one) against each of `doc_ids`, as `search` scores a
+        hit: the cosine to the stored vector, or mean-MaxSim (passages smoothed as the model pools them)."""
+        pa = _pa()
+        wanted = list(dict.fromkeys(doc_ids))
+        parts = [
+            self._run(self.table.search().where(c).select(["id", "vector"]).limit(_IN_LIST))
+            for c in _id_lists(wanted)
+        ]
+        found = pa.concat_tables(parts) if parts else None
+        row_of = {doc: row for row, doc in enumerate(found["id"].to_pylist())} if found is not None else {}
+        missing = next((doc for doc in doc_ids if doc not in row_of), None)
+        if missing is not None:
+            raise DocembedError(f"id {missing!r} is not in the index")
+        if not doc_ids:
+            return np.zeros(0)
+        column = found["vector"].take(pa.array([row_of[doc] for doc in doc_ids], pa.int64()))
+        if self.is_multi:
+            vectors = l2_normalize(np.asarray(query.vectors, dtype=np.float32))
+            docs = _multi_from_arrow(column, self.dim)
+            return maxsim_one_to_many(vectors, docs, self.passage_temperature).astype(np.float64)
+        vector = l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
+        return _dense_from_arrow(column, self.dim).astype(np.float64) @ vector
+
     def _run(self, builder):
         try:
             return builder.to_arrow()

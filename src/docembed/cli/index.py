@@ -517,7 +517,8 @@ def search(
     hybrid: bool = typer.Option(
         False,
         "--hybrid",
-        help="Lance index: fuse the vector ranking with a full-text search of the stored text (RRF).",
+        help="Lance index: fuse the vector ranking with a full-text search of the stored text (RRF); with "
+        "-m LEXICAL+MODEL or a fusion folder, their candidates ranked by the fusion's scores and weight.",
     ),
     version: int = typer.Option(
         None, "--version", min=1, help="Lance index: search this earlier version (index add/remove log it)."
@@ -582,7 +583,9 @@ def search(
         spec = model or vector_index.recorded_model()
         if not spec:
             raise UsageError("the index does not record its model: pass --model")
-        common.resolve(spec)
+        resolved = common.resolve(spec)
+        if lance is not None and resolved is not None and resolved.kind == "fusion" and not lance.has_text:
+            raise UsageError(f"-m {spec} fuses full-text hits; {index} holds no text (build it --text-from)")
 
     def query_items():
         if query_reader is not None:
@@ -606,13 +609,18 @@ def search(
         from docembed.encoding import encode_texts
 
         encoder = common.load(spec)
-        fusion = hybrid_fusion(encoder, lexical)
+        if lance is not None and encoder.family == "fusion":  # its own hybrid: vector and full-text hits
+            fusion = encoder
+        else:
+            fusion = hybrid_fusion(encoder, lexical)
         if fusion is not None:
-            encoder = fusion.model  # the query vectors; the lexical part's scores come from --lexical-index
+            encoder = fusion.model  # the query vectors; the lexical part's scores from its own index
         for chunk in batched(query_items(), 256):
             texts = [text for _, text in chunk]
             vectors = encode_texts(encoder, texts, batch_size=batch_size)
-            if lance is not None and hybrid:
+            if lance is not None and fusion is not None:
+                found = lance.fused_search(texts, vectors, fusion, k, where, depth)
+            elif lance is not None and hybrid:
                 found = lance.hybrid_search(texts, vectors, k, where, depth)
             elif lance is not None:
                 found = lance.search(vectors, k, where)
