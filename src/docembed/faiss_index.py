@@ -499,18 +499,7 @@ class VectorIndex:
         return loaded
 
     def _check_queries(self, queries: Vectors) -> None:
-        """Queries of another width (a query model other than the index's) or holding NaN are refused:
-        faiss would answer them with garbage or nothing."""
-        width = queries.dim if isinstance(queries, MultiVectors) else np.asarray(queries).shape[-1]
-        if width != self.index.d:
-            model = self.metadata.get("model") or "the index's model"
-            raise DocembedError(
-                f"the queries are {width}-d embeddings but the index holds {self.index.d}-d ones: "
-                f"encode the queries with the model the index was built with ({model})"
-            )
-        values = queries.vectors if isinstance(queries, MultiVectors) else np.asarray(queries)
-        if not np.isfinite(values).all():
-            raise DocembedError("a query embedding holds NaN or infinite values")
+        check_queries(queries, self.index.d, self.metadata)
 
 
 class _Unchanged(Exception):
@@ -732,6 +721,25 @@ def _check_stored_vectors(directory: Path, index, multi: MultiVectors | None, ch
             return
     if not finite:
         raise DocembedError(f"{directory} holds NaN or infinite vectors: rebuild it from finite embeddings")
+
+
+def check_queries(queries: Vectors, dim: int, metadata: dict, multi: bool | None = None) -> None:
+    """Queries an index of `dim`-d vectors (built as `metadata` says) cannot answer are refused in one line:
+    another width (a query model other than the index's), NaN, and with `multi` given, the other kind."""
+    is_multi = isinstance(queries, MultiVectors)
+    if multi is not None and is_multi != multi:
+        kind = "multi-vector" if multi else "dense"
+        raise UsageError(f"this index holds {kind} embeddings; encode queries with the index's model")
+    width = queries.dim if is_multi else np.asarray(queries).shape[-1]
+    if width != dim:
+        model = metadata.get("model") or "the index's model"
+        raise DocembedError(
+            f"the queries are {width}-d embeddings but the index holds {dim}-d ones: "
+            f"encode the queries with the model the index was built with ({model})"
+        )
+    values = queries.vectors if is_multi else np.asarray(queries)
+    if not np.isfinite(values).all():
+        raise DocembedError("a query embedding holds NaN or infinite values")
 
 
 def _gather(multi: MultiVectors, documents: np.ndarray) -> MultiVectors:

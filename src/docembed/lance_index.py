@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
-from docembed.faiss_index import INDEX_DIRECTORY, _refuse_non_finite
+from docembed.faiss_index import INDEX_DIRECTORY, _refuse_non_finite, check_queries
 from docembed.io.outputs import DirectoryKind, output_lock
 from docembed.scoring import maxsim_one_to_many
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
@@ -470,19 +470,7 @@ class LanceIndex:
             raise DocembedError(f"the Lance search failed: {_one_line(error)}") from None
 
     def _check_queries(self, queries: Vectors) -> None:
-        if isinstance(queries, MultiVectors) != self.is_multi:
-            kind = "multi-vector" if self.is_multi else "dense"
-            raise UsageError(f"this index holds {kind} embeddings; encode queries with the index's model")
-        width = queries.dim if isinstance(queries, MultiVectors) else np.asarray(queries).shape[-1]
-        if width != self.dim:
-            model = self.metadata.get("model") or "the index's model"
-            raise DocembedError(
-                f"the queries are {width}-d embeddings but the index holds {self.dim}-d ones: "
-                f"encode the queries with the model the index was built with ({model})"
-            )
-        values = queries.vectors if isinstance(queries, MultiVectors) else np.asarray(queries)
-        if not np.isfinite(values).all():
-            raise DocembedError("a query embedding holds NaN or infinite values")
+        check_queries(queries, self.dim, self.metadata, multi=self.is_multi)
 
     # --- rows by id -------------------------------------------------------------------------------------
     def rows_of(self, ids: Sequence[str], columns: Sequence[str]) -> dict[str, dict]:
