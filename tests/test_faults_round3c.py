@@ -451,7 +451,6 @@ def _read_all(sock, limit=10.0) -> bytes:
     "half",
     [
         b"POST /enc",  # half a request line
-        b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Le",  # half the headers
         b"",  # a connection that never sends anything
     ],
 )
@@ -461,6 +460,35 @@ def test_a_request_cut_short_is_closed_after_the_timeout(impatient_server, half)
         started = time.monotonic()
         assert _read_all(sock) == b""  # closed, not held: no request to answer
         assert time.monotonic() - started < 5
+
+
+def test_headers_cut_short_get_a_408_and_the_connection_closes(impatient_server):
+    with socket.create_connection(impatient_server.server_address[:2]) as sock:
+        sock.sendall(b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Le")  # a request line, half the headers
+        started = time.monotonic()
+        answer = _read_all(sock)
+        assert time.monotonic() - started < 5
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head
+    assert "headers did not arrive within 0.5 s" in json.loads(body)["error"]
+
+
+def test_each_request_of_a_connection_has_its_own_deadline(impatient_server):
+    import http.client
+
+    connection = http.client.HTTPConnection(*impatient_server.server_address[:2], timeout=10)
+    try:
+        sockets = set()
+        for _ in range(3):  # 0.3 s apart: the connection outlives one timeout, no request takes one
+            time.sleep(0.3)
+            connection.request("GET", "/health")
+            response = connection.getresponse()
+            assert response.status == 200
+            response.read()
+            sockets.add(id(connection.sock))
+        assert len(sockets) == 1  # one connection kept alive, not reopened
+    finally:
+        connection.close()
 
 
 def test_a_body_cut_short_gets_a_408_and_the_connection_closes(impatient_server):

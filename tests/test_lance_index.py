@@ -353,7 +353,7 @@ def test_a_stale_rebuild_that_would_undo_changes_is_refused(capfd, tmp_path):
     assert not (index / "index.faiss").exists() and (index / "documents.lance").is_dir()
 
 
-# --- index migrate: a faiss index (its added segments too) becomes a Lance one -------------------------------
+# --- index migrate: a faiss index (its added segments too) becomes a Lance one ----------------------------
 @pytest.mark.parametrize("multi", [False, True])
 def test_migrate_keeps_ids_vectors_model_and_additions(capfd, tmp_path, multi):
     rng = np.random.default_rng(7)

@@ -331,3 +331,102 @@ def test_serve_help_names_the_new_routes(capfd):
     assert result.code == 0
     for word in ("/add", "/remove", "--lexical-index", "--corpus", "/health"):
         assert word in result.out
+
+
+# --- a Lance collection: filters, hybrid, stored text, add / remove as versions, reloads -------------------
+@pytest.fixture
+def collection(built, tmp_path, capfd):
+    """A Lance index of the same six documents, with their text and a `year` field (d{i}: 2000 + i)."""
+    rows = [json.loads(line) for line in (built / "corpus.jsonl").read_text().splitlines()]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({**row, "year": 2000 + i}) + "\n" for i, row in enumerate(rows)))
+    built_ok = invoke(
+        capfd,
+        "-q",
+        "index",
+        "build",
+        built / "e.npy",
+        "-o",
+        tmp_path / "l",
+        "--store",
+        "lance",
+        "--text-from",
+        corpus,
+        "--fields",
+        "year",
+    )
+    assert built_ok.code == 0, built_ok.err
+    return tmp_path / "l"
+
+
+def test_a_lance_collection_is_served_as_search_searches_it(glove, collection, capfd):
+    service = _service(glove, collection)
+    assert service.answer("GET", "/health", {})["store"] == "lance"
+    assert service.answer("GET", "/health", {})["documents"] == 6
+    for body, options in (
+        ({"queries": ["cats"], "k": 3}, []),
+        ({"queries": ["cats"], "k": 3, "where": "year >= 2002"}, ["--where", "year >= 2002"]),
+        ({"queries": ["cats"], "k": 3, "hybrid": True}, ["--hybrid"]),
+        ({"ids": ["d0"], "k": 2, "where": "year < 2004"}, ["--where", "year < 2004"]),
+    ):
+        served = service.answer("POST", "/search", body)["results"]
+        asked = ["--query", "cats"] if "queries" in body else ["--id", "d0"]
+        cli = invoke(capfd, "search", collection, *asked, "-k", str(body["k"]), *options)
+        expected = [json.loads(line) for line in cli.out.splitlines()]
+        assert [[h["id"] for h in r["results"]] for r in served] == [
+            [h["id"] for h in r["results"]] for r in expected
+        ]
+        for row, want in zip(served, expected, strict=True):
+            np.testing.assert_allclose(
+                [h["score"] for h in row["results"]], [h["score"] for h in want["results"]], atol=1e-5
+            )
+            assert all(h["text"] == TEXTS[int(h["id"][1:])] for h in row["results"])
+    kept = service.answer("POST", "/search", {"queries": ["cats"], "where": "year > 2003"})["results"][0]
+    assert sorted(h["id"] for h in kept["results"]) == ["d4", "d5"]
+    assert "must be a string" in _error(service, "/search", {"queries": ["x"], "where": 5})
+    assert "Lance search failed" in _error(
+        service, "/search", {"queries": ["x"], "where": "no_such_field > 1"}
+    )
+
+
+def test_lance_add_and_remove_through_serve_are_versions_the_next_search_sees(glove, collection):
+    from docembed.lance_index import LanceIndex
+
+    service = _service(glove, collection)
+    before = LanceIndex.open(collection).version
+    added = service.answer("POST", "/add", {"ids": ["n1"], "texts": ["a kitten naps on a cat bed"]})
+    assert added["added"] == 1 and added["documents"] == 7 and added["version"] == before + 1
+    hits = service.answer("POST", "/search", {"queries": ["kitten cat bed"], "k": 2})["results"][0]["results"]
+    assert "n1" in [h["id"] for h in hits]
+    assert next(h["text"] for h in hits if h["id"] == "n1") == "a kitten naps on a cat bed"
+    assert "already in the index" in _error(service, "/add", {"ids": ["n1"], "texts": ["again"]})
+    removed = service.answer("POST", "/remove", {"ids": ["n1", "nobody"]})
+    assert removed == {"removed": 1, "unknown": 1, "documents": 6}
+    assert LanceIndex.open(collection).version == before + 2
+
+
+def test_serve_reloads_a_lance_collection_changed_by_another_process(glove, collection, tmp_path, capfd):
+    service = _service(glove, collection)
+    assert service.answer("GET", "/health", {})["documents"] == 6
+    (tmp_path / "gone.txt").write_text("d0\nd1\n")
+    removed = invoke(capfd, "-q", "index", "remove", collection, "--ids", tmp_path / "gone.txt")
+    assert removed.code == 0, removed.err
+    assert service.answer("GET", "/health", {})["documents"] == 4
+
+
+def test_filters_and_hybrid_are_refused_for_a_faiss_index(glove, index):
+    service = _service(glove, index)
+    assert "Lance" in _error(service, "/search", {"queries": ["x"], "where": "year > 1"})
+    assert "Lance" in _error(service, "/search", {"queries": ["x"], "hybrid": True})
+
+
+def test_a_fusion_server_ranks_lance_hybrid_search_as_search_does(collection, capfd):
+    import docembed
+
+    service = _service(docembed.load("bm25+glove-avg", device="cpu"), collection)
+    body = {"queries": ["cats on a mat"], "k": 4, "hybrid": True}
+    served = service.answer("POST", "/search", body)["results"][0]["results"]
+    cli = invoke(capfd, "search", collection, "--query", "cats on a mat", "-k", "4", "-m", "bm25+glove-avg")
+    expected = json.loads(cli.out)["results"]
+    assert [h["id"] for h in served] == [h["id"] for h in expected]
+    np.testing.assert_allclose([h["score"] for h in served], [h["score"] for h in expected], atol=1e-5)

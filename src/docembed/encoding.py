@@ -154,9 +154,10 @@ def _empty_like(sample: Vectors) -> Vectors:
 
 def _assemble(parts: list) -> Vectors:
     """Concatenate encoded chunks, freeing each once copied: peak memory is the output plus one chunk,
-    not twice the output (as np.concatenate over a list that still holds every chunk would be)."""
+    not twice the output (as np.concatenate over a list that still holds every chunk would be); one
+    chunk of sets (one huge document's, maybe) is the output as it is."""
     if isinstance(parts[0], MultiVectors):
-        return concat_vectors(parts)
+        return MultiVectors.concat(parts, consume=True)
     out = np.empty((sum(len(p) for p in parts), parts[0].shape[1]), dtype=parts[0].dtype)
     row = 0
     parts.reverse()

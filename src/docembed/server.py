@@ -18,10 +18,14 @@ a list over MAX_TEXTS texts):
 - POST /search      {"queries": [...] and/or "ids": [...], "k": 10, "depth": 100 (hybrid)} -> {"results":
                     [{"query_id", "query", "results": [{"id", "score"}]}]}: the rows `docembed search`
                     writes, ids first; hits gain "text" with --corpus (`search --text-from`), and rank as
-                    `search --lexical-index` ranks with --lexical-index (hybrid search)
-- POST /add         {"ids": [...], "texts": [...]} -> {"added", "documents", "compacted"}: the texts
-                    encoded with the served model and added as `docembed index add` adds them (on disk, all
-                    or nothing; ids already in the index, repeated ids and non-finite vectors refused)
+                    `search --lexical-index` ranks with --lexical-index (hybrid search). A Lance index
+                    (`index build --store lance`) also takes "where" (an SQL filter on its fields) and
+                    "hybrid": true (vector + full-text search of its stored text), and its hits carry
+                    the text it stores
+- POST /add         {"ids": [...], "texts": [...]} -> {"added", "documents", "compacted" | "version"}: the
+                    texts encoded with the served model and added as `docembed index add` adds them (on disk,
+                    all or nothing; ids already in the index, repeated ids and non-finite vectors refused; a
+                    Lance index stores the texts too, one commit: a new version)
 - POST /remove      {"ids": [...]} -> {"removed", "unknown", "documents"}: as `docembed index remove`
 
 The index, the lexical index and the corpus are watched: when one changes on disk (`index add` / `remove` /
@@ -37,7 +41,10 @@ otherwise: there is no authentication, so expose it only where every client may 
 
 from __future__ import annotations
 
+import io
 import json
+import math
+import socket
 import sys
 import threading
 import time
@@ -63,6 +70,8 @@ from docembed.faiss_index import (
     search_queries,
 )
 from docembed.io.runs import hit_rows
+from docembed.lance_index import LanceIndex, open_index
+from docembed.lance_index import index_stamp as vector_index_stamp
 from docembed.runtime import log, progress_shown
 from docembed.types import EmbeddingSet, MultiVectors
 
@@ -78,9 +87,12 @@ MAX_SCORES = 1024 * 1024
 LISTEN_BACKLOG = 1024
 # How often (seconds) a request may look at the files it serves for a change: a stat each, no more.
 RELOAD_INTERVAL = 1.0
-# Seconds a connection may wait on its client (`serve --request-timeout`): a client that sends half a request,
-# or keeps an idle connection open, is cut off then instead of holding a server thread forever.
+# Seconds a request may take to arrive, request line, headers and body together (`serve --request-timeout`):
+# a client that sends half a request, trickles it a byte at a time or keeps an idle connection open is cut
+# off then instead of holding a server thread forever. Each write to a client waits at most as long.
 REQUEST_TIMEOUT = 60.0
+# A client sent a body over the cap: this long (at most) to read and drop it, so it reads its 413.
+DISCARD_TIMEOUT = 10.0
 
 
 class BadRequest(Exception):
@@ -206,10 +218,18 @@ class EmbeddingService:
         if lexical is not None and index is None:
             raise UsageError("--lexical-index is for hybrid search: give the vector --index too")
         documents = lambda found: f"{len(found.ids)} documents"  # noqa: E731
-        self._index = _watch(index, VectorIndex.load, index_stamp, documents, reload_interval)
+        rows = lambda found: f"{len(found)} documents"  # noqa: E731
+        self._index = _watch(index, open_index, vector_index_stamp, rows, reload_interval)
+        if lexical is not None and isinstance(self._index.value, LanceIndex):
+            raise UsageError(
+                'a Lance index searches its own stored text: /search with "hybrid": true, not --lexical-index'
+            )
         self._lexical = _watch(lexical, BM25Index.load, index_stamp, documents, reload_interval)
         # checked at start, not at the first search: a server that cannot search says so at once
-        self._fusion = hybrid_fusion(model.encoder, self._lexical.value) if index is not None else None
+        if isinstance(self._index.value, LanceIndex) and model.family == "fusion":
+            self._fusion = model.encoder  # a Lance index's hybrid search: its vector and full-text hits
+        else:
+            self._fusion = hybrid_fusion(model.encoder, self._lexical.value) if index is not None else None
         # what encodes queries and added documents: the index's model (a fusion's model part)
         self._encoder = self._fusion.model if self._fusion is not None else model.encoder
 
@@ -264,7 +284,8 @@ class EmbeddingService:
             "family": self.model.family,
             "dim": None if scorer else self.model.dim,
             "multi_vector": self.model.is_multi_vector,
-            "documents": len(index.ids) if index is not None else None,
+            "documents": len(index) if index is not None else None,
+            "store": None if index is None else "lance" if isinstance(index, LanceIndex) else "faiss",
             "normalized": bool(getattr(encoder, "normalized", False)),
             "passage_temperature": float(getattr(encoder, "passage_temperature", 0.0) or 0.0),
             "max_tokens": self.model.max_tokens,
@@ -309,22 +330,33 @@ class EmbeddingService:
         queries = _texts(body, "queries", required=False)
         if not ids and not queries:
             raise BadRequest('give "queries" (texts) and/or "ids" (documents of the index)')
+        where, hybrid = _lance_options(body, index)
         missing = next((doc_id for doc_id in ids if doc_id not in index), None)
         if missing is not None:
             raise BadRequest(f"id {missing!r} is not in the index", HTTPStatus.NOT_FOUND)
+        lance = isinstance(index, LanceIndex)
+        liked = (index.more_like(ids, k, where) if lance else index.more_like(ids, k)) if ids else []
         rows = [
-            {"query_id": doc_id, "results": hit_rows(hits)}
-            for doc_id, hits in zip(ids, index.more_like(ids, k) if ids else [], strict=True)
+            {"query_id": doc_id, "results": hit_rows(hits)} for doc_id, hits in zip(ids, liked, strict=True)
         ]
         if queries:
             vectors = self._encode_documents(queries)
-            found = search_queries(index, queries, vectors, k, lexical, self._fusion, depth)
+            if lance and hybrid and self._fusion is not None:  # the fusion's scores over both kinds of hits
+                found = index.fused_search(queries, vectors, self._fusion, k, where, depth)
+            elif lance and hybrid:
+                found = index.hybrid_search(queries, vectors, k, where, depth)
+            elif lance:
+                found = index.search(vectors, k, where)
+            else:
+                found = search_queries(index, queries, vectors, k, lexical, self._fusion, depth)
             rows += [
                 {"query_id": str(i), "query": text, "results": hit_rows(hits)}
                 for i, (text, hits) in enumerate(zip(queries, found, strict=True))
             ]
         if self._corpus.value is not None:
             attach_texts(rows, ChainMap(self._added_texts, self._corpus.value))
+        elif lance and index.has_text:  # the texts the table stores, as `search` shows them
+            attach_texts(rows, index.texts_of([hit["id"] for row in rows for hit in row["results"]]))
         return {"results": rows}
 
     def add(self, body: dict) -> dict:
@@ -338,11 +370,18 @@ class EmbeddingService:
             vectors = self._encode_documents(texts)
         embeddings = EmbeddingSet(vectors, list(ids), self._encoder.metadata())
         with self._write_lock:  # `index add`'s own code: the same checks, the same files
-            compacted = VectorIndex.append_saved(folder, embeddings)
+            answer = {"added": len(ids)}
+            if isinstance(self.index, LanceIndex):  # one commit, with the texts where the table stores them
+                table = LanceIndex.open(folder)
+                answer["version"] = table.add(
+                    embeddings, dict(zip(ids, texts, strict=True)) if table.has_text else None
+                )
+            else:
+                answer["compacted"] = VectorIndex.append_saved(folder, embeddings)
             if self._corpus.value is not None:
                 self._added_texts.update(zip(ids, texts, strict=True))
             self._index.refresh(force=True)  # the client's next search sees what it added
-        return {"added": len(ids), "documents": len(self.index.ids), "compacted": compacted}
+        return {**answer, "documents": len(self.index)}
 
     def remove(self, body: dict) -> dict:
         folder = self._writable_index()
@@ -350,7 +389,10 @@ class EmbeddingService:
         if not ids:
             raise BadRequest('give "ids": the documents to remove')
         with self._write_lock:
-            removed, left = VectorIndex.remove_saved(folder, ids)
+            if isinstance(self.index, LanceIndex):
+                removed, left, _ = LanceIndex.open(folder).remove(ids)
+            else:
+                removed, left = VectorIndex.remove_saved(folder, ids)
             if removed:
                 for doc_id in ids:
                     self._added_texts.pop(doc_id, None)
@@ -373,6 +415,20 @@ class EmbeddingService:
             return encode_texts(self._encoder, texts, batch_size=self.batch_size)
 
 
+def _lance_options(body: dict, index) -> tuple[str | None, bool]:
+    """A /search's "where" (an SQL filter) and "hybrid" (vector + full text): for a Lance index only."""
+    where, hybrid = body.get("where"), body.get("hybrid", False)
+    if where is not None and not isinstance(where, str):
+        raise BadRequest('"where" must be a string: an SQL filter such as "year >= 2020"')
+    if not isinstance(hybrid, bool):
+        raise BadRequest('"hybrid" must be true or false')
+    if (where or hybrid) and not isinstance(index, LanceIndex):
+        raise BadRequest('"where" and "hybrid" need a Lance index (`docembed index build --store lance`)')
+    if hybrid and not index.has_text:
+        raise BadRequest('"hybrid" needs the documents\' text in the index: build it with --text-from CORPUS')
+    return where or None, hybrid
+
+
 def _positive_int(body: dict, key: str, default: int) -> int:
     value = body.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -391,7 +447,48 @@ def _texts(body: dict, key: str, required: bool = True) -> list[str]:
             f'"{key}" holds {len(value)} texts: at most {MAX_TEXTS} per request',
             HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
         )
+    # JSON's \ud800 escape alone is valid JSON and no text: it cannot be tokenised, stored or written back
+    # in an answer (a /search echoes its queries), so it is the request's fault, said at once
+    broken = next((i for i, text in enumerate(value) if not _is_unicode(text)), None)
+    if broken is not None:
+        raise BadRequest(f'"{key}" item {broken} holds a lone surrogate escape (\\ud800-\\udfff): not text')
     return value
+
+
+def _is_unicode(text: str) -> bool:
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A connection's reads against one deadline per request: each read waits only for what is left of
+    it, so a client that trickles a byte every few seconds cannot stretch a request past the timeout (a
+    socket's own timeout is per read, and every byte restarts it)."""
+
+    def __init__(self, connection: socket.socket, write_timeout: float):
+        self._connection, self._write_timeout = connection, write_timeout
+        self.deadline = math.inf
+
+    def restart(self, seconds: float) -> None:
+        self.deadline = time.monotonic() + seconds
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._connection.settimeout(left)
+        try:
+            return self._connection.recv_into(buffer)
+        finally:  # writes keep the per-write timeout
+            self._connection.settimeout(self._write_timeout)
 
 
 class _Server(ThreadingHTTPServer):
@@ -413,18 +510,51 @@ def make_server(
     request_timeout: float = REQUEST_TIMEOUT,
 ) -> ThreadingHTTPServer:
     """An HTTP server bound to (host, port) that answers with `service`; port 0 picks a free port
-    (`server.server_address` says which). Call `serve_forever()` on it. Each read from or write to a
-    client waits at most `request_timeout` seconds: a request line or headers cut short close the
-    connection, a body cut short gets a 408 first."""
+    (`server.server_address` says which). Call `serve_forever()` on it. A request (request line, headers
+    and body) must arrive within `request_timeout` seconds of the server waiting for it, however it
+    trickles in: a request line cut short closes the connection, late headers or a late body get a 408
+    first. Each write to a client waits at most `request_timeout` seconds."""
     if not request_timeout > 0:
         raise UsageError(f"the request timeout must be a positive number of seconds, not {request_timeout}")
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "docembed"
         protocol_version = "HTTP/1.1"
-        # the socket timeout of every connection (socketserver sets it); the standard library closes a
-        # connection whose request line or headers time out, _body answers a body that does
+        # the socket timeout of every connection (socketserver sets it): writes keep it, reads go by the
+        # request's deadline (_DeadlineReader); the standard library closes a connection whose request line
+        # times out, parse_request answers late headers and _body a late body
         timeout = request_timeout
+
+        def setup(self) -> None:
+            super().setup()
+            self.rfile.close()  # the socket's own reader, replaced by one that keeps the deadline
+            self._reader = _DeadlineReader(self.connection, request_timeout)
+            self.rfile = io.BufferedReader(self._reader)
+
+        def handle_one_request(self) -> None:
+            self._reader.restart(request_timeout)  # from the wait for its request line to its last byte
+            self._body_not_invited = False
+            super().handle_one_request()
+
+        def handle_expect_100(self) -> bool:
+            # "Expect: 100-continue" asks before sending the body: a body that will be refused (over the
+            # cap, a length that is no number) is not invited; the 413 or 400 comes without it
+            try:
+                invited = self._content_length() <= MAX_BODY_BYTES
+            except BadRequest:
+                invited = False
+            if not invited:
+                self._body_not_invited = True
+                return True
+            return super().handle_expect_100()
+
+        def parse_request(self) -> bool:
+            try:
+                return super().parse_request()
+            except TimeoutError:  # the request line came, the headers did not, in time
+                late = f"the request headers did not arrive within {request_timeout:g} s"
+                self.send_error(HTTPStatus.REQUEST_TIMEOUT, late)
+                return False
 
         def do_GET(self):  # noqa: N802 (the standard library's names)
             self._respond("GET")
@@ -468,7 +598,10 @@ def make_server(
             self._discard_unread()
 
         def _send(self, status: HTTPStatus, answer: dict, headers: dict | None = None) -> None:
-            data = (json.dumps(answer, ensure_ascii=False) + "\n").encode("utf-8")
+            try:
+                data = (json.dumps(answer, ensure_ascii=False) + "\n").encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate, had one got through: JSON's \u escape holds it
+                data = (json.dumps(answer) + "\n").encode("ascii")
             self.send_response(status)
             self.send_header("Content-Type", "application/json; charset=utf-8")
             self.send_header("Content-Length", str(len(data)))
@@ -513,7 +646,18 @@ def make_server(
             return body
 
         def _content_length(self) -> int:
-            value = (self.headers.get("Content-Length") or "0").strip()
+            if self.headers.get("Transfer-Encoding") is not None:  # chunked: not read, so not a next request
+                self.close_connection = True
+                raise BadRequest(
+                    "a body sent with Transfer-Encoding is not read: send it with a Content-Length",
+                    HTTPStatus.LENGTH_REQUIRED,
+                )
+            lengths = {v.strip() for v in self.headers.get_all("Content-Length") or ()}
+            # two framings of one body: whichever one were read, the rest would be taken for a next request
+            if len(lengths) > 1:
+                self.close_connection = True
+                raise BadRequest("the request has Content-Length headers that disagree")
+            value = lengths.pop() if lengths else "0"
             if not (value.isascii() and value.isdigit()):  # negative, or not a number: where does it end?
                 self.close_connection = True
                 raise BadRequest(f"Content-Length must be a number of bytes, not {value[:40]!r}")
@@ -521,9 +665,9 @@ def make_server(
 
         def _discard_unread(self) -> None:
             """Read and drop an over-size body (up to MAX_DISCARD_BYTES), so the client reads its 413."""
-            if not 0 < self._unread <= MAX_DISCARD_BYTES:
+            if not 0 < self._unread <= MAX_DISCARD_BYTES or self._body_not_invited:
                 return
-            self.connection.settimeout(min(10, request_timeout))  # a stalled client does not hold the thread
+            self._reader.restart(min(DISCARD_TIMEOUT, request_timeout))  # nor does a stalled client
             try:
                 while self._unread > 0:
                     chunk = self.rfile.read(min(self._unread, 1 << 20))

@@ -135,3 +135,30 @@ class PackedSequences:
 
     def __getitem__(self, index: int) -> np.ndarray:
         return self.tokens[self.offsets[index] : self.offsets[index + 1]]
+
+
+class GrowingRows:
+    """Rows appended in batches into one array, for an output whose size is known only at the end (one huge
+    document's vectors). A list of batches joined at the end holds the output twice; here the array grows in
+    place (ndarray.resize: realloc, which moves a large block's pages without copying them), reserved from
+    `expected` rows: pages never written are never resident, so a generous guess costs no memory."""
+
+    GROWTH = 1.25  # resize zero-fills what it adds: a small step keeps that within a quarter of the output
+
+    def __init__(self, dim: int, dtype=np.float32, expected: int = 1024):
+        self._rows = np.empty((max(int(expected), 1), dim), dtype=dtype)
+        self._count = 0
+
+    def extend(self, rows: np.ndarray) -> None:
+        needed = self._count + len(rows)
+        if needed > len(self._rows):
+            grown = max(needed, int(len(self._rows) * self.GROWTH) + 1)
+            self._rows.resize((grown, self._rows.shape[1]), refcheck=False)  # no view of it exists yet
+        self._rows[self._count : needed] = rows
+        self._count = needed
+
+    def result(self) -> np.ndarray:
+        """The rows appended, as one array (the reserve past them given back); the buffer is spent."""
+        rows, self._rows = self._rows, None
+        rows.resize((self._count, rows.shape[1]), refcheck=False)
+        return rows

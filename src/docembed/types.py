@@ -55,21 +55,37 @@ class MultiVectors:
         return np.diff(self.offsets)
 
     @classmethod
-    def from_list(cls, items: Sequence[np.ndarray], positions: Sequence[np.ndarray] | None = None):
-        dim = items[0].shape[1] if items else 0
-        vectors = np.concatenate(items).astype(np.float32, copy=False) if items else np.zeros((0, dim))
+    def from_list(
+        cls,
+        items: Sequence[np.ndarray],
+        positions: Sequence[np.ndarray] | None = None,
+        consume: bool = False,
+    ) -> MultiVectors:
+        """One set per item (a `(k_i, dim)` array), its vectors copied once into a new float32 array.
+        `consume`: `items` (a list) is handed over: emptied as it is copied, so an array nothing else holds
+        is freed at once, and a lone float32 array that owns its memory is taken as it is, so that a set
+        as large as one huge document's is never held twice."""
+        if not items:
+            return cls(np.zeros((0, 0)), np.zeros(1, dtype=np.int64), None)
         offsets = np.concatenate([[0], np.cumsum([len(v) for v in items])])
-        pos = np.concatenate(positions).astype(np.int64) if positions is not None and items else None
-        return cls(vectors, offsets, pos)
+        pos = np.concatenate(positions).astype(np.int64) if positions is not None else None
+        return cls(stack_rows(items, np.float32, consume), offsets, pos)
 
     @classmethod
-    def concat(cls, parts: Sequence[MultiVectors]) -> MultiVectors:
-        vectors = np.concatenate([p.vectors for p in parts])
+    def concat(cls, parts: Sequence[MultiVectors], consume: bool = False) -> MultiVectors:
+        """The sets of `parts`, one after the other. `consume`: `parts` (a list) is handed over, as in
+        `from_list`: a lone part is returned as it is, the others are freed as they are copied."""
+        if consume and len(parts) == 1:
+            return parts.pop()
         sizes = np.concatenate([p.counts for p in parts])
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         has_pos = all(p.positions is not None for p in parts)
         positions = np.concatenate([p.positions for p in parts]) if has_pos else None
-        return cls(vectors, offsets, positions)
+        vectors = [p.vectors for p in parts]
+        if consume:
+            parts.clear()  # `vectors` holds the only references: each array goes once it is copied
+        dtype = np.result_type(*{v.dtype for v in vectors})  # np.concatenate's, not capped at 64 arrays
+        return cls(stack_rows(vectors, dtype, consume), offsets, positions)
 
     def select(self, indices: Sequence[int]) -> MultiVectors:
         return MultiVectors.from_list(
@@ -81,6 +97,30 @@ class MultiVectors:
 
 
 Vectors = np.ndarray | MultiVectors
+
+
+def stack_rows(items: Sequence[np.ndarray], dtype, consume: bool = False) -> np.ndarray:
+    """`items` (2-d arrays of one width) one under the other in a new array of `dtype`, each copied (and
+    cast) once into place: np.concatenate(...).astype(...) would make two. `consume`: `items` (a list) is
+    emptied as it is copied, so each array nothing else holds is freed at once (the peak is the output and
+    one item, not twice the output), and a lone item of `dtype` that owns its memory is returned as it is."""
+    if not items:
+        raise ValueError("need at least one array to stack")
+    width = items[0].shape[1]
+    if any(item.ndim != 2 or item.shape[1] != width for item in items):
+        raise ValueError(f"every array to stack must be 2-d of width {width}")
+    lone = items[0]
+    if consume and len(items) == 1 and lone.dtype == dtype and lone.base is None and lone.flags.c_contiguous:
+        return items.pop()
+    out = np.empty((sum(len(item) for item in items), width), dtype=dtype)
+    row = 0
+    if consume:
+        items.reverse()  # popped from the end, in order
+    for index in range(len(items)):
+        item = items.pop() if consume else items[index]
+        out[row : row + len(item)] = item
+        row += len(item)
+    return out
 
 
 def concat_vectors(parts: Sequence[Vectors]) -> Vectors:

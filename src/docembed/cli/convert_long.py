@@ -28,16 +28,18 @@ def convert_long(
 
     Example: docembed convert-long sbert -o models/long --max-length 4096
     """
-    from docembed.io.outputs import check_output, directory_output
+    from docembed.io.outputs import check_not_inside, check_output, directory_output
     from docembed.models.base import MODEL_DIRECTORY
     from docembed.models.student import convert_long as convert
     from docembed.runtime import log
 
     _check_length(max_length)
-    # replaced only if it is a docembed model (io/outputs.py), and all or nothing
-    check_output(output, overwrite, directory=True, kind=MODEL_DIRECTORY)
+    # replaced only if it is a docembed model (io/outputs.py), and all or nothing; never inside the source,
+    # nor the source itself (a docembed model folder converted again)
+    check_not_inside(output, [source])
+    check_output(output, overwrite, directory=True, inputs=[source], kind=MODEL_DIRECTORY)
     student = convert(source, max_length, attention_window, normalize)
-    with directory_output(output, MODEL_DIRECTORY, overwrite) as staging:
+    with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=[source]) as staging:
         student.save(staging)
     length = student.config.max_length
     log(f"long student from {source}: {length} tokens, window {attention_window} -> {output}")

@@ -23,11 +23,12 @@ def export(
     from docembed.errors import UsageError
 
     common.resolve(model)  # before torch: a wrong model fails at once
-    from docembed.io.outputs import check_output, directory_output
+    from docembed.io.outputs import check_not_inside, check_output, directory_output
     from docembed.models.sbert import SENTENCE_TRANSFORMERS_DIRECTORY
     from docembed.runtime import log
 
-    check_output(output, overwrite, directory=True, kind=SENTENCE_TRANSFORMERS_DIRECTORY)
+    check_not_inside(output, [model])  # the model folder read is an input: nothing lands inside it
+    check_output(output, overwrite, directory=True, inputs=[model], kind=SENTENCE_TRANSFORMERS_DIRECTORY)
     encoder = common.load(model)
     if encoder.family != "sbert":
         raise UsageError(
@@ -40,6 +41,6 @@ def export(
             f"note: {model} gives {what[encoder.config.output]}; the exported folder gives "
             f"sentence-transformers' one mean-pooled vector of the first {encoder.max_seq_length} tokens"
         )
-    with directory_output(output, SENTENCE_TRANSFORMERS_DIRECTORY, overwrite) as staging:
+    with directory_output(output, SENTENCE_TRANSFORMERS_DIRECTORY, overwrite, inputs=[model]) as staging:
         encoder.export_sentence_transformers(staging)
     log(f"exported {model} -> {output} (load with SentenceTransformer({output!r}))")

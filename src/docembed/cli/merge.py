@@ -48,5 +48,24 @@ def merge(
     duplicates = len(merged.ids) - len(set(merged.ids))
     if duplicates:
         log(f"warning: {duplicates} duplicate id(s) across the parts (was a shard given twice?)")
-    save_embeddings(merged, output, overwrite=overwrite, inputs=parts)
+    save_embeddings(merged, output, overwrite=overwrite, inputs=parts, storage=_storage_of(merged, output))
     log(f"merged {len(parts)} file(s), {len(merged)} documents -> {output}")
+
+
+def _storage_of(merged, output: str) -> str:
+    """The parts' storage (concat_sets checked they share one), kept by the merged set: int8 rows written as
+    float32 would pass for float32 ones. Refused for a format that holds float32 only."""
+    from docembed.errors import DocembedError, UsageError
+    from docembed.io.embeddings import check_storage
+
+    storage = merged.metadata.get("storage", "float32")
+    if storage == "float32":
+        return storage
+    try:
+        check_storage(output, None, storage)
+    except UsageError:
+        raise DocembedError(
+            f"the parts hold {storage} vectors, which {output} cannot hold: merge them into .npy, .npz or "
+            ".safetensors"
+        ) from None
+    return storage

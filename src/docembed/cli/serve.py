@@ -43,8 +43,9 @@ def serve(
         60.0,
         "--request-timeout",
         min=0.001,
-        help="Seconds a connection may wait on its client (half a request, an idle keep-alive) before it "
-        "is closed (a body cut short is answered 408 first).",
+        help="Seconds a request may take to arrive, request line, headers and body together, however it "
+        "trickles in (an idle keep-alive too), before the connection is closed (late headers or a late "
+        "body are answered 408 first).",
     ),
 ) -> None:
     """Load a model once and answer HTTP requests with JSON until Ctrl-C.
@@ -61,7 +62,8 @@ def serve(
     """
     from docembed.api import load
     from docembed.errors import UsageError
-    from docembed.faiss_index import is_bm25_dir, recorded_model_of
+    from docembed.faiss_index import is_bm25_dir
+    from docembed.lance_index import recorded_model_of
     from docembed.runtime import log, settings
     from docembed.server import EmbeddingService, make_server
 
@@ -91,7 +93,7 @@ def serve(
         raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
     bound_host, bound_port = server.server_address[:2]
     served = service.index
-    documents = f" and {len(served.ids)} documents" if served is not None else ""
+    documents = f" and {len(served)} documents" if served is not None else ""
     log(f"serving {service.model.name}{documents} on http://{bound_host}:{bound_port} (Ctrl-C stops)")
     try:
         server.serve_forever()

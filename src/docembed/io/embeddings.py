@@ -53,10 +53,28 @@ def check_output_path(
     suffix = Path(path).suffix.lower().lstrip(".")
     format = format or (suffix if suffix in OUTPUT_FORMATS else None)
     if path != "-" and format:
+        refuse_sidecar_name(Path(path))
         companions = set_companions(Path(path), format)
         _check_name_lengths(Path(path), companions)
         check_companions(Path(path), companions, overwrite, inputs)
         refuse_foreign_sidecars(Path(path), format)
+
+
+# The sidecars of a .npy set that are themselves .npy files: `x.scales.npy` is read as part of x.npy.
+NPY_SIDECARS = ("offsets", "positions", "scales")
+
+
+def refuse_sidecar_name(path: Path) -> None:
+    """An output named as a sidecar of an existing .npy set (x.offsets.npy, x.positions.npy, x.scales.npy
+    beside x.npy) would replace that set's file, or be read as one of its files: x.npy would be lost."""
+    stem, _, kind = path.name.removesuffix(".npy").rpartition(".")
+    if path.name.endswith(".npy") and stem and kind in NPY_SIDECARS:
+        owner = path.with_name(f"{stem}.npy")
+        if owner.is_file():
+            raise DocembedError(
+                f"output {path} is a sidecar name of the set {owner} (read as its {kind}): choose another "
+                "output name"
+            )
 
 
 def _check_name_lengths(path: Path, companions: Sequence[Path]) -> None:
@@ -207,6 +225,7 @@ def save_embeddings(
     if path != "-":
         refuse_foreign_sidecars(Path(path), format)
     metadata = dict(emb.metadata, dim=emb.dim, count=len(emb), kind="multi" if emb.is_multi else "dense")
+    metadata.pop("storage", None)  # a set read back (merge) carries its own: this write's is what it holds
     if storage != "float32":
         metadata["storage"] = storage
     if path == "-":
@@ -225,6 +244,7 @@ def save_embeddings(
         "parquet": _save_parquet,
         "jsonl": _save_jsonl,
     }
+    refuse_sidecar_name(target)
     with OutputSet(target, overwrite, inputs, set_companions(target, format)) as output:
         try:
             writers[format](emb, target, metadata, output, storage)
@@ -335,9 +355,16 @@ def load_embeddings(path: str) -> EmbeddingSet:
     except RecursionError:  # json.loads of a deeply nested value
         raise DocembedError(f"cannot read embeddings from {path}: JSON nested too deeply") from None
     except READ_ERRORS as error:
-        # one line: a library's message may span several
-        reason = " ".join(str(error).split()) or type(error).__name__
-        raise DocembedError(f"cannot read embeddings from {path}: {reason}") from None
+        raise DocembedError(f"cannot read embeddings from {path}: {_read_error_reason(error)}") from None
+
+
+def _read_error_reason(error: Exception) -> str:
+    """What a read error says, in one line (a library's message may span several) a user can act on."""
+    if isinstance(error, KeyError):  # an array or field the file should hold (npz: "ids", "metadata")
+        return f"it holds no {error.args[0]!r}: not a set docembed wrote, or damaged"
+    if isinstance(error, ValueError) and "allow_pickle" in str(error):  # numpy's advice is not ours to give
+        return "it holds Python objects (a pickle), which docembed never loads: not a set docembed wrote"
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 class DamagedSetError(ValueError):
@@ -584,6 +611,7 @@ def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> Em
     from the same model (the metadata in SAME_MODEL_KEYS agree)."""
     names = names or [f"part {i}" for i in range(len(parts))]
     check_same_model(parts, names)
+    check_same_storage(parts, names)
     non_empty = [p for p in parts if len(p)] or parts[:1]
     metadata = dict(non_empty[0].metadata, count=sum(len(p) for p in parts))
     metadata.pop("text_hashes", None)
@@ -592,6 +620,18 @@ def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> Em
         metadata["text_hashes"] = hashes
     data = concat_vectors([p.data for p in non_empty])
     return EmbeddingSet(data, [i for p in non_empty for i in p.ids], metadata)
+
+
+def check_same_storage(parts: list[EmbeddingSet], names: list[str]) -> None:
+    """Parts stored in other precisions (int8 and float32) joined into one set: the rounder rows would pass
+    for the finer ones, or the finer for the rounder, in silence."""
+    kinds = [p.metadata.get("storage", "float32") for p in parts]
+    for name, kind in zip(names, kinds, strict=True):
+        if kind != kinds[0]:
+            raise DocembedError(
+                f"{names[0]} holds {kinds[0]} vectors and {name} {kind} ones: one set holds one precision; "
+                "encode the parts with the same --storage"
+            )
 
 
 def _joined_text_hashes(parts: list[EmbeddingSet]) -> dict | None:

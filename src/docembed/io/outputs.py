@@ -57,7 +57,7 @@ _TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<what>tmp|lock|old)(?P<pid>\d+)?$")
 STAGING_MARKER = ".docembed-staging"
 # Files a library creates private whatever the umask (safetensors' save_file: 0600): before they are renamed
 # into place they get the mode of any other new file, so an output is as readable as the user asked.
-_PRIVATE_SUFFIXES = (".safetensors",)
+PRIVATE_SUFFIXES = (".safetensors",)
 
 
 @dataclass(frozen=True)
@@ -505,7 +505,7 @@ class OutputSet:
                     for stale in others:
                         if stale not in written:
                             stale.unlink(missing_ok=True)
-                if target.suffix in _PRIVATE_SUFFIXES:
+                if target.suffix in PRIVATE_SUFFIXES:
                     follow_umask(tmp)
                 os.replace(tmp, target)
         release_claim(self.main)  # written: another writer may go on
@@ -570,7 +570,7 @@ def _staged_by_us(folder: Path) -> bool:
 def swap_in_folder(staging: Path, target: Path) -> None:
     """Replace `target` (absent, empty, or checked to be an output of its kind) by `staging`: the old folder
     is renamed away first and removed last, so a failure in between puts it back."""
-    for suffix in _PRIVATE_SUFFIXES:
+    for suffix in PRIVATE_SUFFIXES:
         for path in staging.rglob(f"*{suffix}"):
             if path.is_file() and not path.is_symlink():  # a link's target is not ours to change
                 follow_umask(path)
@@ -589,8 +589,8 @@ def swap_in_folder(staging: Path, target: Path) -> None:
 
 
 def follow_umask(path: Path) -> None:
-    """Give `path` the mode open() gives a new file: 0666 less the umask."""
-    os.chmod(path, 0o666 & ~_umask())
+    """Give `path` the mode open() gives a new file: 0666 less the umask (a folder: mkdir's, 0777 less it)."""
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def _umask() -> int:

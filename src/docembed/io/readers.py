@@ -464,7 +464,23 @@ def _document_id(value, index: int, source: str, line_number: int) -> str:
         raise InputFormatError(source, line_number, f"id must be a string or a number, not {value!r:.40}")
     if isinstance(value, float) and value != value:  # NaN: no id that could be found again
         raise InputFormatError(source, line_number, "id must be a string or a number, not NaN")
-    return str(value)
+    return str(value)  # a JsonNumber as written: 1.50 and 1e2, not Python's 1.5 and 100.0
+
+
+class JsonNumber(float):
+    """A JSON number with a fraction or an exponent: the float it is, whose str() is the text it was written
+    as, so that an id (a document's, a rerank row's) comes back as it went in: str(float) would turn 1.50
+    into 1.5, 1e2 into 100.0 and 1e999 into inf, and two ids into one."""
+
+    __slots__ = ("literal",)
+
+    def __new__(cls, literal: str) -> JsonNumber:
+        number = super().__new__(cls, literal)
+        number.literal = str(literal)
+        return number
+
+    def __str__(self) -> str:
+        return self.literal
 
 
 def json_record(raw: bytes, source: str, line_number: int) -> dict:
@@ -483,7 +499,7 @@ def _json_record(line: str, raw: bytes, source: str, line_number: int) -> dict:
     Python will not read (over 4,300 digits), nesting deeper than the parser's stack, not an object, or a
     lone surrogate escape (valid JSON, but no text: it cannot be encoded, tokenised or written back)."""
     try:
-        record = json.loads(line)
+        record = json.loads(line, parse_float=JsonNumber)
     except json.JSONDecodeError as error:
         if line.lstrip().startswith("["):
             raise InputFormatError(source, line_number, _ARRAY_HINT) from None

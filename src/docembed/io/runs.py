@@ -47,17 +47,25 @@ def read_run(path: str | Path) -> dict[str, dict[str, float]]:
             continue
         if line.lstrip().startswith("{"):
             qid, hits = _jsonl_row(path, line_number, line)
-            ranking = run.setdefault(qid, {})
             for doc_id, score in hits:
-                ranking[doc_id] = score
+                _add_score(run.setdefault(qid, {}), qid, doc_id, score, path, line_number)
             continue
         fields = line.split()
         if len(fields) != 6:
             raise DocembedError(f"{path}:{line_number}: expected `qid Q0 docid rank score tag`")
-        run.setdefault(fields[0], {})[fields[2]] = _score(path, line_number, fields[4])
+        score = _score(path, line_number, fields[4])
+        _add_score(run.setdefault(fields[0], {}), fields[0], fields[2], score, path, line_number)
     if not run:
         raise DocembedError(f"{path}: the run holds no results")
     return run
+
+
+def _add_score(ranking: dict[str, float], qid: str, doc_id: str, score: float, path: Path, line: int) -> None:
+    """One hit of a run: a document ranked twice for one query has no one rank (the last line would win in
+    silence, and the measures with it), so it is refused, as trec_eval refuses it."""
+    if doc_id in ranking:
+        raise DocembedError(f"{path}:{line}: document {doc_id!r} is ranked twice for query {qid!r}")
+    ranking[doc_id] = score
 
 
 def _read_text(path: Path) -> str:
@@ -65,6 +73,8 @@ def _read_text(path: Path) -> str:
         return path.read_text(encoding="utf-8")
     except OSError as error:
         raise DocembedError(f"cannot read {path}: {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise DocembedError(f"cannot read {path}: not UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def _jsonl_row(path: Path, line_number: int, line: str) -> tuple[str, list[tuple[str, float]]]:
@@ -104,9 +114,17 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
         if len(fields) != 4:
             raise DocembedError(f"{path}:{line_number}: expected `qid iteration docid relevance`")
         try:
-            qrels.setdefault(fields[0], {})[fields[2]] = int(fields[3])
+            relevance = int(fields[3])
         except ValueError:
             raise DocembedError(f"{path}:{line_number}: relevance {fields[3]!r} is not an integer") from None
+        judged = qrels.setdefault(fields[0], {})
+        # judged twice alike is harmless; judged apart, the last line would decide in silence
+        if judged.get(fields[2], relevance) != relevance:
+            raise DocembedError(
+                f"{path}:{line_number}: document {fields[2]!r} is judged {judged[fields[2]]} and {relevance} "
+                f"for query {fields[0]!r}: keep one judgement"
+            )
+        judged[fields[2]] = relevance
     if not qrels:
         raise DocembedError(f"{path}: no judgements")
     return qrels

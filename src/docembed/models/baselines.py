@@ -75,9 +75,12 @@ def _read_vocab(directory: Path) -> dict:
     if not path.exists():
         raise CorruptModelError(f"{directory}: {VOCAB_NAME} is missing")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as error:
+        vocab = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptModelError(f"{path} is corrupt: {error}") from None
+    if not isinstance(vocab, dict):  # what every reader of it expects: say so, not an AttributeError
+        raise CorruptModelError(f"{path} is corrupt: a JSON {type(vocab).__name__}, not an object")
+    return vocab
 
 
 class FittedBaseline(Encoder):
@@ -478,7 +481,10 @@ class GloveAverageEncoder(Encoder):
         vocab_path = directory / "vocab.txt"
         if not vocab_path.exists():
             raise CorruptModelError(f"{directory}: vocab.txt is missing")
-        words = vocab_path.read_text(encoding="utf-8").split("\n")[:-1]
+        try:
+            words = vocab_path.read_text(encoding="utf-8").split("\n")[:-1]
+        except UnicodeDecodeError as error:
+            raise CorruptModelError(f"{vocab_path} is corrupt: {error}") from None
         vectors = _load_arrays(directory).get("vectors")
         if vectors is None or len(vectors) != len(words):
             raise CorruptModelError(f"{directory}: vocab.txt and vectors do not match")

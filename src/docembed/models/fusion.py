@@ -270,16 +270,31 @@ class FusionScorer(Encoder):
         directory = Path(directory)
         config = FusionConfig.from_dict(read_config(directory)["config"])
 
-        def part(spec: str) -> Encoder:
+        def part(spec: str, anywhere: bool) -> Encoder:
             path = Path(spec).expanduser()
             if written_as_path(spec) or (directory / spec).is_dir():
-                path = path if path.is_absolute() else directory / path
+                if not (anywhere and path.is_absolute()):
+                    path = _inside(directory, spec)
                 if not path.is_dir():
                     raise CorruptModelError(f"{directory}: the fusion part {spec!r} is missing ({path})")
                 return load_model(str(path), device)
             return load_model(spec, device)
 
-        return cls(config, part(config.lexical), part(config.model))
+        # the model part may be a folder anywhere, by its full path (as `fit fusion` records it); the fitted
+        # lexical part is the fusion's own, saved inside it
+        return cls(config, part(config.lexical, anywhere=False), part(config.model, anywhere=True))
+
+
+def _inside(directory: Path, spec: str) -> Path:
+    """A fusion part's folder named by a relative path, which is inside the fusion folder: one that leads out
+    of it (`../other`, an absolute path for the lexical part, a link) would load another folder's model as
+    this one's part, so it is refused in one line."""
+    path = directory / Path(spec).expanduser()
+    if not path.resolve().is_relative_to(directory.resolve()):
+        raise CorruptModelError(
+            f"{directory / 'config.json'}: the fusion part {spec!r} is not inside {directory}: refused"
+        )
+    return path
 
 
 def reciprocal_rank(scores: np.ndarray, gold: int) -> float:

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from docembed.errors import DocembedError, UsageError
+from docembed.io.outputs import follow_umask
 
 BACKENDS = ("auto", "torch", "openvino", "onnx")
 PRECISIONS = ("fp32", "int8")
@@ -264,6 +265,7 @@ def _export_atomically(target: Path, export: Callable[[Path], dict]) -> None:
 
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    follow_umask(tmp)  # mkdtemp's folder is 0700: a shared models home stays usable by whom the umask allows
     try:
         start = time.perf_counter()
         with _engine_output():

@@ -57,6 +57,7 @@ from docembed.models.families import register
 from docembed.models.nugget_backbones import BACKBONES, backbone_path, load_tokenizer
 from docembed.runtime import report_batch, reporting_texts
 from docembed.tensors import (
+    GrowingRows,
     is_long,
     stream_batch,
     streamed_token_windows,
@@ -531,6 +532,15 @@ def build_model(config: NuggetConfig, tokenizer) -> NuggetModel:
     return NuggetModel(config, backbone, _punctuation_table(tokenizer, backbone.vocab_size))
 
 
+def _unit_rows_in_place(vectors: np.ndarray, rows_at_once: int = 65536) -> None:
+    """Each row of `vectors` divided by its length, a block of rows at a time: np.linalg.norm squares its
+    whole input first, a copy the size of the output (1.6 GB for one 50 MB document's nuggets). Each row's
+    length is summed alike in any block, so the vectors are those of one call."""
+    for start in range(0, len(vectors), rows_at_once):
+        block = vectors[start : start + rows_at_once]
+        np.divide(block, np.maximum(np.linalg.norm(block, axis=1, keepdims=True), 1e-12), out=block)
+
+
 # --- the docembed Encoder -------------------------------------------------------------------------------
 
 
@@ -777,7 +787,10 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
             encoded = self.tokenizer(block, add_special_tokens=False, truncation=False, verbose=False)
             return encoded["input_ids"]
 
-        vectors: list[np.ndarray] = []
+        # the nuggets go into one growing array as each batch comes: joined at the end, the batches and the
+        # output would both be held (the output of a 50 MB text is 1.6 GB); a word-piece token is ~4
+        # characters, so len(text) // 3 tokens over-reserves typical text (pages never written cost nothing)
+        vectors = GrowingRows(self.dim, np.float32, expected=math.ceil(self.model.ratio * len(text) / 3))
         positions: list[np.ndarray] = []
 
         def run(windows: list[list[int]], starts: list[int]) -> None:
@@ -788,8 +801,10 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
                 for row, w in enumerate(chunk):
                     k = int(out.slots[row].sum())
                     found[w] = (nuggets[row, :k], out.indices[row, :k].cpu().numpy() + starts[w])
-            vectors.extend(v for v, _ in found)
-            positions.extend(p for _, p in found)
+            # in window order (a batch may take them in another)
+            for window_vectors, window_positions in found:
+                vectors.extend(window_vectors)
+                positions.append(window_positions)
 
         batch_size = stream_batch(batch_size, width)
         windows, starts = [], []
@@ -801,7 +816,7 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
                 windows, starts = [], []
         if windows:
             run(windows, starts)
-        return np.concatenate(vectors), np.concatenate(positions), None
+        return vectors.result(), np.concatenate(positions), None
 
     def encode(self, texts: Sequence[str], batch_size: int = 32) -> MultiVectors:
         texts = list(texts)
@@ -809,10 +824,12 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
             return MultiVectors(np.zeros((0, self.dim), dtype=np.float32), np.zeros(1, dtype=np.int64))
         items = self.nuggets(texts, batch_size, token_ids=False)
         vectors = [v for v, _, _ in items]
+        positions = [p for _, p, _ in items]
+        del items  # `vectors` alone holds the nuggets now, so from_list can free each once it is copied
         if self.normalized:  # in place: a long text's nuggets are the output's size, not copied once more
             for v in vectors:
-                np.divide(v, np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12), out=v)
-        return MultiVectors.from_list(vectors, [p for _, p, _ in items])
+                _unit_rows_in_place(v)
+        return MultiVectors.from_list(vectors, positions, consume=True)
 
     # --- token states computed once (benches: many selectors over one frozen encoder) ----------------
     def padded_batches(self, ids: list[list[int]], batch_size: int):

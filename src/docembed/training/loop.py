@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from docembed.errors import CorruptModelError, DocembedError
-from docembed.io.outputs import swap_in_folder
+from docembed.io.outputs import PRIVATE_SUFFIXES, follow_umask, swap_in_folder
 from docembed.models.base import CONFIG_NAME, is_model_dir, load_untied_state, untied_state
 from docembed.runtime import log, progress_bar, raise_if_interrupted, resolve_device, torchrun_rank
 
@@ -603,6 +603,8 @@ def save_trained_model(recipe: Recipe, output_dir: Path) -> None:
             if (staging / name).is_dir():
                 swap_in_folder(staging / name, output_dir / name)
             else:
+                if name.endswith(PRIVATE_SUFFIXES):  # safetensors writes 0600: the umask decides
+                    follow_umask(staging / name)
                 os.replace(staging / name, output_dir / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
