@@ -16,6 +16,21 @@ Writes bench/results/lance.json (summary only; "quick" says which sizes).
 
     .venv/bin/python bench/bench_lance.py --quick     # 10,000 dense, 2,000 multi-vector documents
     .venv/bin/python bench/bench_lance.py             # the sizes above
+
+Real vectors (--dense FILE, a dense `docembed encode` output): the dense cases only, over FILE's documents
+less 200 seeded ones that become the queries (document vectors as queries: more like this, as `search
+--id`), each approximate kind at the settings docembed records at build and, for the faiss HNSW row the
+goal names, the recall it reaches. Writes bench/results/lance_dense.json.
+
+    .venv/bin/python bench/bench_lance.py --dense static-imdb-halves.npy
+
+A million documents (--million, synthetic): 1,000,000 384-d vectors drawn around 2,000 seeded centres (so
+that an approximate index has structure to find, unlike uniform directions), 200 fresh queries from the same
+mixture; the Lance table built as `index build --store lance -t ivf_pq` builds it: build seconds, bytes on
+disk, queries/s and recall@10 against exact search, and the flat table's queries/s beside it. Writes
+bench/results/lance_million.json.
+
+    .venv/bin/python bench/bench_lance.py --million
 """
 
 from __future__ import annotations
@@ -37,6 +52,8 @@ import numpy as np  # noqa: E402
 
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 K = 10
+NPROBES_SWEEP = (20, 50, 100, 200)
+EF_SWEEP = (128, 256, 512)
 
 
 def _unit(rng, n: int, dim: int) -> np.ndarray:
@@ -85,12 +102,20 @@ def _faiss_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int
     build = _since(start)
     index = VectorIndex.load(folder)
     found, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
-    return {
+    row = {
         "build_s": round(build[0], 2),
         "bytes": _bytes(folder),
         **speed,
         "recall@10": _recall(found, exact),
     }
+    if kind == "hnsw" and not emb.is_multi:  # the graph's candidate list (docembed builds with 128)
+        row["ef_search_sweep"] = {}
+        for ef in EF_SWEEP:
+            index.index.hnsw.efSearch = ef  # the faiss object VectorIndex searches
+            swept, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
+            row["ef_search_sweep"][str(ef)] = {**speed, "recall@10": _recall(swept, exact)}
+            _log(f"    efSearch {ef}: {row['ef_search_sweep'][str(ef)]}")
+    return row
 
 
 def _lance_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int, fields=None) -> dict:
@@ -107,7 +132,16 @@ def _lance_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int
         **speed,
         "recall@10": _recall(found, exact),
     }
-    return row | {"search_settings": index.metadata.get("search", {})}
+    row["search_settings"] = index.metadata.get("search", {})
+    if kind != "flat" and not emb.is_multi:  # what more probed lists buy (LanceDB's default nprobes is 20)
+        row["nprobes_sweep"] = {}
+        for nprobes in NPROBES_SWEEP:
+            swept, speed = _timed_search(
+                lambda q, n=nprobes: index.search(q, K, nprobes=n), queries, batch, len(exact)
+            )
+            row["nprobes_sweep"][str(nprobes)] = {**speed, "recall@10": _recall(swept, exact)}
+            _log(f"    nprobes {nprobes}: {row['nprobes_sweep'][str(nprobes)]}")
+    return row
 
 
 def _filtered(folder: pathlib.Path, queries, count: int, buckets: np.ndarray) -> dict:
@@ -124,6 +158,32 @@ def _filtered(folder: pathlib.Path, queries, count: int, buckets: np.ndarray) ->
         rows[f"{share:g}"]["all_hits_pass"] = all(
             buckets[int(i[1:])] < share * 100 for hits in found for i, _ in hits
         )
+    return rows
+
+
+def _dense_rows(emb, queries, exact, buckets: np.ndarray, tmp: pathlib.Path) -> dict:
+    """Every dense case over `emb` (faiss flat and hnsw, Lance flat, ivf_pq and ivf_hnsw_sq), and for the
+    Lance flat and ivf_pq tables, which hold a bucket field (0..99, `buckets` by row), the filtered searches
+    against the unfiltered one."""
+    ids = emb.ids
+    fields = {"bucket": {ids[i]: int(buckets[i]) for i in range(len(ids))}}
+    cases = {
+        "faiss flat": lambda f: _faiss_case(emb, "flat", f, queries, exact, 256),
+        "faiss hnsw": lambda f: _faiss_case(emb, "hnsw", f, queries, exact, 256),
+        "lance flat": lambda f: _lance_case(emb, "flat", f, queries, exact, 256, fields),
+        "lance ivf_pq": lambda f: _lance_case(emb, "ivf_pq", f, queries, exact, 256, fields),
+        "lance ivf_hnsw_sq": lambda f: _lance_case(emb, "ivf_hnsw_sq", f, queries, exact, 256),
+    }
+    rows = {}
+    for name, case in cases.items():
+        folder = tmp / name.replace(" ", "-")
+        _log(f"dense {name}")
+        rows[name] = case(folder)
+        _log(f"  {rows[name]}")
+        if name in ("lance flat", "lance ivf_pq"):
+            rows[f"{name} filtered"] = _filtered(folder, queries, len(exact), buckets)
+            _log(f"  {rows[f'{name} filtered']}")
+        shutil.rmtree(folder, ignore_errors=True)
     return rows
 
 
@@ -164,6 +224,88 @@ def _log(message: str) -> None:
     print(f"[bench_lance] {message}", file=sys.stderr, flush=True)
 
 
+def dense_on_file(path: str, nq: int = 200) -> dict:
+    """The dense cases over real vectors: `path`'s rows less `nq` seeded ones, which are the queries."""
+    import faiss
+    import lancedb  # noqa: F401
+
+    import docembed
+    from docembed.types import EmbeddingSet, l2_normalize
+
+    faiss.omp_set_num_threads(1)
+    loaded = docembed.load_embeddings(path)
+    x = l2_normalize(np.asarray(loaded.data, dtype=np.float32))
+    rng = np.random.default_rng(46)
+    held_out = np.zeros(len(x), dtype=bool)
+    held_out[rng.choice(len(x), nq, replace=False)] = True
+    docs, queries = x[~held_out], x[held_out]
+    ids = [f"d{i}" for i in range(len(docs))]  # row numbers: the filtered cases read buckets by them
+    emb = EmbeddingSet(docs, ids, loaded.metadata)
+    exact = [[ids[j] for j in np.argsort(-row)[:K]] for row in queries @ docs.T]
+    result = {
+        "data": f"{path}: {loaded.metadata.get('model')} vectors, {x.shape[1]}-d",
+        "queries_are": f"{nq} seeded documents held out of the index",
+        "threads": 1,
+        "k": K,
+        "documents": len(ids),
+        "queries": nq,
+        "load_average": list(os.getloadavg()),
+    }
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_lance_dense"))
+    try:
+        result.update(_dense_rows(emb, queries, exact, rng.integers(0, 100, size=len(ids)), tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    (BENCH_DIR / "results" / "lance_dense.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _mixture(rng, centres: np.ndarray, n: int, spread: float = 0.6, block: int = 100_000) -> np.ndarray:
+    """`n` unit vectors, each a random centre plus Gaussian noise of `spread` per unit length."""
+    out = np.empty((n, centres.shape[1]), dtype=np.float32)
+    for lo in range(0, n, block):
+        hi = min(lo + block, n)
+        picked = centres[rng.integers(0, len(centres), hi - lo)]
+        noise = rng.standard_normal(picked.shape, dtype=np.float32) * (spread / np.sqrt(centres.shape[1]))
+        x = picked + noise
+        out[lo:hi] = x / np.linalg.norm(x, axis=1, keepdims=True)
+    return out
+
+
+def million(n: int = 1_000_000, nq: int = 200, dim: int = 384) -> dict:
+    """Lance ivf_pq (and flat) over a million synthetic documents: build, bytes, queries/s, recall@10."""
+    import lancedb  # noqa: F401
+
+    from docembed.types import EmbeddingSet
+
+    rng = np.random.default_rng(46)
+    centres = _unit(rng, 2000, dim)
+    x, queries = _mixture(rng, centres, n), _mixture(rng, centres, nq)
+    ids = [f"d{i}" for i in range(n)]
+    emb = EmbeddingSet(x, ids, {"model": "synthetic-mixture"})
+    scores = np.concatenate([queries @ x[lo : lo + 100_000].T for lo in range(0, n, 100_000)], axis=1)
+    exact = [[ids[j] for j in np.argsort(-row)[:K]] for row in scores]
+    del scores
+    result = {
+        "data": f"{n:,} synthetic {dim}-d unit vectors around 2,000 seeded centres; {nq} fresh queries",
+        "threads": 1,
+        "k": K,
+        "load_average": list(os.getloadavg()),
+    }
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_lance_million"))
+    try:
+        for name, kind in (("lance ivf_pq", "ivf_pq"), ("lance flat", "flat")):
+            _log(f"million {name}")
+            result[name] = _lance_case(emb, kind, tmp / kind, queries, exact, 256)
+            result[name]["bytes_per_doc"] = round(result[name]["bytes"] / n, 1)
+            _log(f"  {result[name]}")
+            shutil.rmtree(tmp / kind, ignore_errors=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    (BENCH_DIR / "results" / "lance_million.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main(out_dir: pathlib.Path | None = None, full: bool = False, quick: bool = False) -> dict:
     import faiss
     import lancedb  # noqa: F401  (imported before any clock starts: 3 s of it)
@@ -193,25 +335,7 @@ def main(out_dir: pathlib.Path | None = None, full: bool = False, quick: bool = 
     }
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_lance"))
     try:
-        # the Lance flat and ivf_pq tables hold a bucket field (0..99) for the filtered searches
-        buckets = rng.integers(0, 100, size=n)
-        fields = {"bucket": {ids[i]: int(buckets[i]) for i in range(n)}}
-        cases = {
-            "faiss flat": lambda f: _faiss_case(emb, "flat", f, queries, exact, 256),
-            "faiss hnsw": lambda f: _faiss_case(emb, "hnsw", f, queries, exact, 256),
-            "lance flat": lambda f: _lance_case(emb, "flat", f, queries, exact, 256, fields),
-            "lance ivf_pq": lambda f: _lance_case(emb, "ivf_pq", f, queries, exact, 256, fields),
-            "lance ivf_hnsw_sq": lambda f: _lance_case(emb, "ivf_hnsw_sq", f, queries, exact, 256),
-        }
-        for name, case in cases.items():
-            folder = tmp / name.replace(" ", "-")
-            _log(f"dense {name}")
-            result["dense"][name] = case(folder)
-            _log(f"  {result['dense'][name]}")
-            if name in ("lance flat", "lance ivf_pq"):  # filtered vs unfiltered
-                result["dense"][f"{name} filtered"] = _filtered(folder, queries, nq, buckets)
-                _log(f"  {result['dense'][f'{name} filtered']}")
-            shutil.rmtree(folder, ignore_errors=True)
+        result["dense"].update(_dense_rows(emb, queries, exact, rng.integers(0, 100, size=n), tmp))
 
         _log("add 1 % vs rebuild")
         result["add_1_percent"] = {
@@ -254,5 +378,14 @@ def main(out_dir: pathlib.Path | None = None, full: bool = False, quick: bool = 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10,000 dense and 2,000 multi-vector documents")
+    parser.add_argument(
+        "--dense", help="real dense vectors (a docembed encode output): the dense cases over them"
+    )
+    parser.add_argument("--million", action="store_true", help="Lance over a million synthetic documents")
     arguments = parser.parse_args()
-    print(json.dumps(main(quick=arguments.quick), indent=2))
+    if arguments.million:
+        print(json.dumps(million(), indent=2))
+    elif arguments.dense:
+        print(json.dumps(dense_on_file(arguments.dense), indent=2))
+    else:
+        print(json.dumps(main(quick=arguments.quick), indent=2))

@@ -432,7 +432,7 @@ def test_multi_vector_search_settings_trade_recall_for_work(capfd, tmp_path):
     )
     index = VectorIndex.load(tmp_path / "i")
     recorded = index.search_settings()
-    assert set(recorded) == {"nprobe", "candidates"} and recorded["nprobe"] <= index.nlist
+    assert set(recorded) == {"nprobe", "candidates", "rescore"} and recorded["nprobe"] <= index.nlist
     query = data.select([0])
     exact = maxsim_one_to_many(query.vectors, data)
     # every list probed and every vector a candidate: the exact ranking
@@ -442,6 +442,12 @@ def test_multi_vector_search_settings_trade_recall_for_work(capfd, tmp_path):
     narrow = index.search(query, 10, nprobe=1, candidates=1)[0]
     assert len(narrow) <= len(query.vectors)
     for doc_id, score in narrow:
+        assert abs(score - exact[int(doc_id[1:])]) < 1e-4
+    # a shortlist of the documents whose hits promise most (at least k): the document every query vector hit
+    # best (itself) is on it, and every score is still exact
+    short = index.search(query, 3, nprobe=index.nlist, candidates=40, rescore=1)[0]
+    assert len(short) == 3 and short[0] == ("d0", pytest.approx(1.0, abs=1e-4))
+    for doc_id, score in short:
         assert abs(score - exact[int(doc_id[1:])]) < 1e-4
     # the CLI's --nprobe/--candidates are the same settings
     out = invoke(

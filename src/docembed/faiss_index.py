@@ -35,6 +35,13 @@ from docembed.scoring import maxsim_one_to_many
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors, l2_normalize
 
 KINDS = ("flat", "hnsw", "ivf")
+# what a new multi-vector IVF index records as its search settings (meta.json "search"; `search --nprobe
+# --candidates --rescore` overrides them), chosen on validation queries by bench/bench_multivector.py over the
+# shipped nugget's vectors of 50,000 IMDB half-reviews (bench/results/multivector.json): no setting reached
+# recall@10 0.95 of exact mean-MaxSim, so the one of the highest recall (0.94; test 0.92 at 4.2x the queries/s
+# of the settings before, whose recall was 0.89). Indexes built before keep nprobe = nlist / 8, max(4k, 64)
+# candidates per query vector and every document hit rescored.
+MULTI_VECTOR_IVF_SEARCH = {"nprobe": 16, "candidates": 512, "rescore": 400}
 
 
 def is_index_dir(directory: Path) -> bool:
@@ -186,6 +193,8 @@ class VectorIndex:
         metadata.update(storage=storage, dim=embeddings.dim, kind="multi" if embeddings.is_multi else "dense")
         _refuse_non_finite(embeddings)
         if embeddings.is_multi:
+            if kind == "ivf":
+                metadata["search"] = dict(MULTI_VECTOR_IVF_SEARCH)
             multi = embeddings.data
             index = _build_faiss(l2_normalize(multi.vectors.astype(np.float32)), kind, storage)
             multi = MultiVectors(_held(index), multi.offsets, multi.positions)
@@ -200,14 +209,20 @@ class VectorIndex:
         return self
 
     def search(
-        self, queries: Vectors, k: int = 10, nprobe: int | None = None, candidates: int | None = None
+        self,
+        queries: Vectors,
+        k: int = 10,
+        nprobe: int | None = None,
+        candidates: int | None = None,
+        rescore: int | None = None,
     ) -> list[list[tuple[str, float]]]:
         """Top-k (id, score) per query, best first. An IVF index scans `nprobe` of its lists per query
-        vector; a multi-vector index takes `candidates` hits per query vector, whose documents are rescored
-        exactly. Both default to what the index recorded at build (`search_settings`)."""
+        vector; a multi-vector index takes `candidates` hits per query vector and rescores exactly the
+        `rescore` documents whose hits promise most (`_shortlist`; 0: every document hit). All default to
+        what the index recorded at build (`search_settings`)."""
         k = min(k, len(self.ids))
         self._check_queries(queries)
-        settings = self.search_settings(k, nprobe, candidates)
+        settings = self.search_settings(k, nprobe, candidates, rescore)
         if "nprobe" in settings:
             self._ivf().nprobe = min(settings["nprobe"], self.nlist)
         if self.multi is None:
@@ -224,37 +239,63 @@ class VectorIndex:
         per_vector = min(settings["candidates"], len(self.multi.vectors))
         # one faiss call for every query vector of the batch: matrix products instead of a call per query
         flat = l2_normalize(queries.vectors.astype(np.float32))
-        every_hit = self.index.search(flat, per_vector)[1] if len(flat) else np.zeros((0, per_vector))
+        every_sim, every_hit = self.index.search(flat, per_vector) if len(flat) else (None, None)
         for i in range(len(queries)):
             start, stop = queries.offsets[i], queries.offsets[i + 1]
-            query, hits = flat[start:stop], every_hit[start:stop]
+            query = flat[start:stop]
             if len(query) == 0:
                 results.append([])
                 continue
-            found = np.unique(self._doc_of_vector[hits[hits >= 0]])
+            found = self._shortlist(every_hit[start:stop], every_sim[start:stop], settings["rescore"])
             scores = maxsim_one_to_many(query, _gather(self.multi, found), self.passage_temperature)
             order = np.argsort(-scores, kind="stable")[:k]
             results.append([(self.ids[found[j]], float(scores[j])) for j in order])
         return results
 
-    def tune(self, nprobe: int | None = None, candidates: int | None = None) -> VectorIndex:
-        """Search with these settings from now on (`search --nprobe/--candidates`), instead of those
-        recorded at build; the index on disk keeps its own."""
-        self._tuning.update(
-            {key: value for key, value in (("nprobe", nprobe), ("candidates", candidates)) if value}
-        )
+    def _shortlist(self, hits: np.ndarray, sims: np.ndarray, depth: int) -> np.ndarray:
+        """The documents to rescore for one query, from its vectors' hits (rows: query vectors; columns:
+        their nearest stored vectors and similarities). Every document hit when `depth` is 0 or covers them;
+        else the `depth` documents with the highest estimate of mean-MaxSim: per query vector, the best
+        similarity among the document's hits, or, where none of its vectors was hit, that query vector's
+        lowest retrieved similarity (the most it can be; as XTR imputes what was not retrieved)."""
+        valid = hits >= 0
+        documents = self._doc_of_vector[hits[valid]]
+        unique, column = np.unique(documents, return_inverse=True)
+        if depth <= 0 or len(unique) <= depth:
+            return unique
+        floor = np.where(valid, sims, np.inf).min(axis=1)
+        best = np.repeat(floor[:, None], len(unique), axis=1)
+        np.maximum.at(best, (np.nonzero(valid)[0], column), sims[valid])
+        estimate = best.sum(axis=0)
+        return np.sort(unique[np.argpartition(-estimate, depth - 1)[:depth]])
+
+    def tune(
+        self, nprobe: int | None = None, candidates: int | None = None, rescore: int | None = None
+    ) -> VectorIndex:
+        """Search with these settings from now on (`search --nprobe/--candidates/--rescore`), instead of
+        those recorded at build; the index on disk keeps its own."""
+        given = (("nprobe", nprobe), ("candidates", candidates), ("rescore", rescore))
+        self._tuning.update({key: value for key, value in given if value is not None})
         return self
 
-    def search_settings(self, k: int = 10, nprobe: int | None = None, candidates: int | None = None) -> dict:
+    def search_settings(
+        self,
+        k: int = 10,
+        nprobe: int | None = None,
+        candidates: int | None = None,
+        rescore: int | None = None,
+    ) -> dict:
         """The search settings a query gets: the arguments, else `tune`'s, else those recorded at build
         (meta.json "search"), else those of indexes built before they were recorded (nprobe as faiss saved
-        it, and max(4k, 64) candidates per query vector)."""
+        it, max(4k, 64) candidates per query vector, every document hit rescored)."""
         recorded = {**(self.metadata.get("search") or {}), **self._tuning}
         settings = {}
         if self.nlist:
             settings["nprobe"] = int(nprobe or recorded.get("nprobe") or self._ivf().nprobe)
         if self.multi is not None:
             settings["candidates"] = int(candidates or recorded.get("candidates") or max(4 * k, 64))
+            chosen = rescore if rescore is not None else recorded.get("rescore", 0)
+            settings["rescore"] = max(int(chosen), k) if chosen else 0
         return settings
 
     @property

@@ -1,4 +1,4 @@
-"""docembed index build / add / remove, search."""
+"""docembed index build / add / remove / update / compact / migrate, search."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import typer
 from docembed.cli import common
 
 index_app = typer.Typer(
-    help="Build, grow and shrink indexes: faiss over embeddings, or bm25 over texts.", no_args_is_help=True
+    help="Build, grow, shrink and migrate indexes: faiss or Lance over embeddings, bm25 over texts.",
+    no_args_is_help=True,
 )
 
 
@@ -536,6 +537,13 @@ def search(
         help="Multi-vector index: nearest vectors taken per query vector, whose documents are rescored "
         "exactly (default: as recorded at build).",
     ),
+    rescore: int = typer.Option(
+        None,
+        "--rescore",
+        min=0,
+        help="Multi-vector faiss index: documents rescored exactly per query, those whose hits promise "
+        "most (0: every document hit; default: as recorded at build).",
+    ),
 ) -> None:
     """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout or in -o FILE.
 
@@ -567,10 +575,16 @@ def search(
     if bm25 is not None and more_like:
         raise UsageError("--id needs a vector index: a bm25 index holds no document vectors")
     vector_index = lance if lance is not None else VectorIndex.load(index) if bm25 is None else None
+    if rescore is not None and lance is not None:
+        raise UsageError(
+            "--rescore tunes a faiss multi-vector index; a Lance index rescores its --candidates"
+        )
     if vector_index is not None:
-        vector_index.tune(nprobe, candidates)
-    elif nprobe or candidates:
-        raise UsageError("--nprobe and --candidates tune a vector index's search, not a bm25 index's")
+        vector_index.tune(nprobe, candidates, **({"rescore": rescore} if rescore is not None else {}))
+    elif nprobe or candidates or rescore is not None:
+        raise UsageError(
+            "--nprobe, --candidates and --rescore tune a vector index's search, not a bm25 index's"
+        )
     if lance is None and vector_index is not None and resolve_device().startswith("cuda"):
         vector_index.to_gpu()
 
