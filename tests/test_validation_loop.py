@@ -159,8 +159,14 @@ def test_eval_every_without_a_hook_and_test_splits_are_refused(tmp_path):
         LoopOptions(eval_every=2, eval_tasks="stsb-dev,stsb")
     with pytest.raises(UsageError, match="unknown task"):
         LoopOptions(eval_every=2, eval_tasks="stsb-devv")
-    assert LoopOptions(eval_tasks="long-val").validation(None).primary_metric == "score"
     assert LoopOptions().validation(None) is None
+
+
+@pytest.mark.slow  # builds the long-document validation tasks from the data root: about a minute
+def test_the_long_validation_tasks_score_with_their_mean():
+    from docembed.cli.training_options import LoopOptions
+
+    assert LoopOptions(eval_tasks="long-val").validation(None).primary_metric == "score"
 
 
 # --- the task-scoring hook ----------------------------------------------------------------------------------
