@@ -94,6 +94,17 @@ def _timed_search(search, queries, batch: int, count: int):
     return found, {"queries_per_s": round(count / wall, 2), "cpu_s": round(cpu, 3), "wall_s": round(wall, 3)}
 
 
+def _searched_row(index, build, folder: pathlib.Path, queries, exact, batch: int) -> dict:
+    """A built index's row: build seconds, bytes on disk, its search's speed and recall@10."""
+    found, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
+    return {
+        "build_s": round(build[0], 2),
+        "bytes": _bytes(folder),
+        **speed,
+        "recall@10": _recall(found, exact),
+    }
+
+
 def _faiss_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int) -> dict:
     from docembed.faiss_index import VectorIndex
 
@@ -101,13 +112,7 @@ def _faiss_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int
     VectorIndex.build(emb, kind).save(folder)
     build = _since(start)
     index = VectorIndex.load(folder)
-    found, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
-    row = {
-        "build_s": round(build[0], 2),
-        "bytes": _bytes(folder),
-        **speed,
-        "recall@10": _recall(found, exact),
-    }
+    row = _searched_row(index, build, folder, queries, exact, batch)
     if kind == "hnsw" and not emb.is_multi:  # the graph's candidate list (docembed builds with 128)
         row["ef_search_sweep"] = {}
         for ef in EF_SWEEP:
@@ -125,13 +130,7 @@ def _lance_case(emb, kind: str, folder: pathlib.Path, queries, exact, batch: int
     LanceIndex.build(folder, emb, kind, fields=fields)
     build = _since(start)
     index = LanceIndex.open(folder)
-    found, speed = _timed_search(lambda q: index.search(q, K), queries, batch, len(exact))
-    row = {
-        "build_s": round(build[0], 2),
-        "bytes": _bytes(folder),
-        **speed,
-        "recall@10": _recall(found, exact),
-    }
+    row = _searched_row(index, build, folder, queries, exact, batch)
     row["search_settings"] = index.metadata.get("search", {})
     if kind != "flat" and not emb.is_multi:  # what more probed lists buy (LanceDB's default nprobes is 20)
         row["nprobes_sweep"] = {}

@@ -448,12 +448,7 @@ class LanceIndex:
         """The exact score of one query (a batch of one) against each of `doc_ids`, as `search` scores a
         hit: the cosine to the stored vector, or mean-MaxSim (passages smoothed as the model pools them)."""
         pa = _pa()
-        wanted = list(dict.fromkeys(doc_ids))
-        parts = [
-            self._run(self.table.search().where(c).select(["id", "vector"]).limit(_IN_LIST))
-            for c in _id_lists(wanted)
-        ]
-        found = pa.concat_tables(parts) if parts else None
+        found = self._rows_table(doc_ids, ["vector"])
         row_of = {doc: row for row, doc in enumerate(found["id"].to_pylist())} if found is not None else {}
         missing = next((doc for doc in doc_ids if doc not in row_of), None)
         if missing is not None:
@@ -480,13 +475,17 @@ class LanceIndex:
     # --- rows by id -------------------------------------------------------------------------------------
     def rows_of(self, ids: Sequence[str], columns: Sequence[str]) -> dict[str, dict]:
         """id -> {column: value} for the ids of `ids` the table holds."""
-        wanted = list(dict.fromkeys(ids))
-        found: dict[str, dict] = {}
-        for condition in _id_lists(wanted):
-            table = self._run(self.table.search().where(condition).select(["id", *columns]).limit(_IN_LIST))
-            for row in table.to_pylist():
-                found[row["id"]] = row
-        return found
+        found = self._rows_table(ids, columns)
+        return {row["id"]: row for row in found.to_pylist()} if found is not None else {}
+
+    def _rows_table(self, ids: Sequence[str], columns: Sequence[str]):
+        """The rows (id and `columns`) of the ids of `ids` the table holds, as one Arrow table (None for no
+        ids), fetched by SQL IN lists of _IN_LIST ids."""
+        parts = [
+            self._run(self.table.search().where(condition).select(["id", *columns]).limit(_IN_LIST))
+            for condition in _id_lists(list(dict.fromkeys(ids)))
+        ]
+        return _pa().concat_tables(parts) if parts else None
 
     def texts_of(self, ids: Sequence[str]) -> dict[str, str | None]:
         """id -> stored text of each of `ids` the table holds."""
