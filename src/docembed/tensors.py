@@ -141,24 +141,90 @@ class GrowingRows:
     """Rows appended in batches into one array, for an output whose size is known only at the end (one huge
     document's vectors). A list of batches joined at the end holds the output twice; here the array grows in
     place (ndarray.resize: realloc, which moves a large block's pages without copying them), reserved from
-    `expected` rows: pages never written are never resident, so a generous guess costs no memory."""
+    `expected` rows: pages never written are never resident, so a generous guess costs no memory.
+
+    Past `spill_bytes` the rows go to an unnamed temporary file (in TMPDIR) instead, and the result is that
+    file mapped read-only: its pages belong to the page cache, which the writers of an output release as
+    they go (`release_pages`), so one document's vectors cost no more memory than a page's, however many."""
 
     GROWTH = 1.25  # resize zero-fills what it adds: a small step keeps that within a quarter of the output
+    SPILL_BYTES = 256 << 20
 
-    def __init__(self, dim: int, dtype=np.float32, expected: int = 1024):
-        self._rows = np.empty((max(int(expected), 1), dim), dtype=dtype)
+    def __init__(self, dim: int, dtype=np.float32, expected: int = 1024, spill_bytes: int | None = None):
+        self._dtype = np.dtype(dtype)
+        self._dim = dim
+        self._spill_rows = max(
+            (self.SPILL_BYTES if spill_bytes is None else spill_bytes) // self._row_bytes, 1
+        )
+        self._rows = np.empty((min(max(int(expected), 1), self._spill_rows), dim), dtype=dtype)
         self._count = 0
+        self._file = None
+
+    @property
+    def _row_bytes(self) -> int:
+        return self._dim * self._dtype.itemsize
 
     def extend(self, rows: np.ndarray) -> None:
         needed = self._count + len(rows)
+        if self._file is None and needed > self._spill_rows:
+            self._spill()
+        if self._file is not None:
+            self._file.write(np.ascontiguousarray(rows, dtype=self._dtype).data)
+            self._count = needed
+            return
         if needed > len(self._rows):
             grown = max(needed, int(len(self._rows) * self.GROWTH) + 1)
             self._rows.resize((grown, self._rows.shape[1]), refcheck=False)  # no view of it exists yet
         self._rows[self._count : needed] = rows
         self._count = needed
 
+    def _spill(self) -> None:
+        import tempfile
+
+        # unnamed, so gone with the process; closed in result() (the map keeps its own handle)
+        self._file = tempfile.TemporaryFile(prefix="docembed-rows-")  # noqa: SIM115
+        self._file.write(self._rows[: self._count].data)
+        self._rows = None
+
     def result(self) -> np.ndarray:
-        """The rows appended, as one array (the reserve past them given back); the buffer is spent."""
+        """The rows appended, as one array (the reserve past them given back); the buffer is spent. Spilled
+        rows come back as a read-only memory map of their file."""
+        if self._file is not None:
+            handle, self._file = self._file, None
+            handle.flush()
+            with handle:  # the map keeps its own handle on the file
+                return np.memmap(handle, dtype=self._dtype, mode="r", shape=(self._count, self._dim))
         rows, self._rows = self._rows, None
         rows.resize((self._count, rows.shape[1]), refcheck=False)
         return rows
+
+
+def mapped_file(array: np.ndarray):
+    """The memory map `array` is a view of (a spilled `GrowingRows` result), or None."""
+    import mmap
+
+    base = array
+    while base is not None:
+        if isinstance(base, mmap.mmap):
+            return base
+        base = getattr(base, "base", None)
+    return None
+
+
+def release_pages(array: np.ndarray) -> None:
+    """Drop the pages of a memory-mapped `array` from this process (they stay in the page cache, read again
+    on use): a writer going through a mapped output a block at a time calls this after each block, so the
+    whole file is never resident at once. Nothing for an array in memory."""
+    import mmap
+
+    mapped = mapped_file(array)
+    if mapped is not None and hasattr(mmap, "MADV_DONTNEED"):
+        mapped.madvise(mmap.MADV_DONTNEED)
+
+
+def write_rows(handle, array: np.ndarray, rows_at_once: int = 65536) -> None:
+    """`array`'s bytes (C order) written to `handle` a block of rows at a time, a mapped array's pages
+    released after each block: `array.tofile` would make all of a mapped output resident."""
+    for start in range(0, len(array), rows_at_once):
+        handle.write(np.ascontiguousarray(array[start : start + rows_at_once]).data)
+        release_pages(array)

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from docembed.tensors import mapped_file
+
 
 @dataclass
 class MultiVectors:
@@ -110,7 +112,8 @@ def stack_rows(items: Sequence[np.ndarray], dtype, consume: bool = False) -> np.
     if any(item.ndim != 2 or item.shape[1] != width for item in items):
         raise ValueError(f"every array to stack must be 2-d of width {width}")
     lone = items[0]
-    if consume and len(items) == 1 and lone.dtype == dtype and lone.base is None and lone.flags.c_contiguous:
+    owned = lone.base is None or mapped_file(lone) is not None  # a spilled output's map is the output too
+    if consume and len(items) == 1 and lone.dtype == dtype and owned and lone.flags.c_contiguous:
         return items.pop()
     out = np.empty((sum(len(item) for item in items), width), dtype=dtype)
     row = 0

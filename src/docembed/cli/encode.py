@@ -327,8 +327,11 @@ def _first_non_finite_row(data, rows_at_once: int = 65536) -> int | None:
     the whole output would cost a quarter of its size again (400 MB for one 50 MB document's nuggets)."""
     import numpy as np
 
+    from docembed.tensors import release_pages
+
     for start in range(0, len(data), rows_at_once):
         bad = ~np.isfinite(data[start : start + rows_at_once]).all(axis=1)
+        release_pages(data)  # a spilled output is read a block at a time, never resident as a whole
         if bad.any():
             return start + int(np.argmax(bad))
     return None

@@ -163,20 +163,27 @@ STORAGES = ("float32", "float16", "int8")
 
 
 def stored_arrays(vectors: np.ndarray, storage: str) -> dict[str, np.ndarray]:
-    """{"vectors"[, "scales"]} as `storage` keeps them."""
+    """{"vectors"[, "scales"]} as `storage` keeps them, converted a block of rows at a time (each row on its
+    own, so the result is that of one pass; a mapped output is never resident as a whole)."""
+    from docembed.tensors import release_pages
+
     vectors = np.asarray(vectors, dtype=np.float32)
     if storage == "float32":
         return {"vectors": np.ascontiguousarray(vectors)}
-    if storage == "float16":
-        return {"vectors": vectors.astype(np.float16)}
-    if storage != "int8":
+    if storage not in ("float16", "int8"):
         raise UsageError(f"unknown storage {storage!r}; choose one of {', '.join(STORAGES)}")
-    scales = np.abs(vectors).max(axis=1, initial=0.0) / 127.0
-    safe = np.where(scales > 0, scales, 1.0)[:, None]
-    return {
-        "vectors": np.clip(np.rint(vectors / safe), -127, 127).astype(np.int8),
-        "scales": scales.astype(np.float32),
-    }
+    stored = np.empty(vectors.shape, dtype=np.float16 if storage == "float16" else np.int8)
+    scales = np.empty(len(vectors), dtype=np.float32)
+    for start in range(0, len(vectors), 65536):
+        block, stop = vectors[start : start + 65536], min(start + 65536, len(vectors))
+        if storage == "float16":
+            stored[start:stop] = block
+        else:
+            scales[start:stop] = np.abs(block).max(axis=1, initial=0.0) / 127.0
+            safe = np.where(scales[start:stop] > 0, scales[start:stop], 1.0)[:, None]
+            stored[start:stop] = np.clip(np.rint(block / safe), -127, 127)
+        release_pages(vectors)
+    return {"vectors": stored} if storage == "float16" else {"vectors": stored, "scales": scales}
 
 
 def restored_vectors(arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -286,7 +293,20 @@ def _save_npy(emb: EmbeddingSet, target: Path, metadata: dict, output: OutputSet
     for name, array in arrays.items():
         path = target if name == "vectors" else _sidecar(target, f"{name}.npy")
         with open(output.temporary(path), "wb") as handle:
-            np.save(handle, array)
+            _write_npy(handle, array)
+
+
+def _write_npy(handle, array: np.ndarray) -> None:
+    """np.save's bytes, the rows written a block at a time (an output mapped from its spill file is never
+    made resident as a whole: tensors.write_rows)."""
+    from docembed.tensors import write_rows
+
+    array = np.asanyarray(array)
+    if array.ndim != 2 or array.dtype.hasobject:
+        np.save(handle, array)
+        return
+    np.lib.format.write_array_header_1_0(handle, np.lib.format.header_data_from_array_1_0(array))
+    write_rows(handle, array)
 
 
 def _arrays(emb: EmbeddingSet, storage: str = "float32") -> dict[str, np.ndarray]:

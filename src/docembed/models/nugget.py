@@ -653,12 +653,14 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
 
     @torch.no_grad()
     def nuggets(
-        self, texts: Sequence[str], batch_size: int = 32, token_ids: bool = True
+        self, texts: Sequence[str], batch_size: int = 32, token_ids: bool = True, unit_rows: bool = False
     ) -> list[tuple[np.ndarray, np.ndarray, list[int] | None]]:
         """Per text: (nugget vectors (k, d), token positions (k,), the text's token ids). Without
-        `token_ids` (what encode needs), a long text read in windows is streamed and its ids are None."""
+        `token_ids` (what encode needs), a long text read in windows is streamed and its ids are None.
+        `unit_rows`: each vector divided by its length as it is made (a streamed text's vectors may be a
+        read-only map of a spill file by the end: tensors.GrowingRows)."""
         if self.config.long_documents == "windows":
-            return self._windowed_nuggets(texts, batch_size, token_ids)
+            return self._windowed_nuggets(texts, batch_size, token_ids, unit_rows)
         ids = self.tokenize(texts)
         results: list[Any] = [None] * len(ids)
         done = 0
@@ -670,6 +672,9 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
                 results[i] = (vectors[row, :k], out.indices[row, :k].cpu().numpy(), ids[i])
             done += len(chunk)
             report_batch(done, len(ids))
+        if unit_rows:
+            for vectors, _, _ in results:
+                _unit_rows_in_place(vectors)
         return results
 
     def set_inference(self, backend: str | None = None, precision: str | None = None) -> NuggetEncoder:
@@ -726,20 +731,26 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
             raise UsageError(f"--long must be one of {', '.join(LONG_DOCUMENTS)}, got {mode!r}")
         self.config.long_documents = mode
 
-    def _windowed_nuggets(self, texts: Sequence[str], batch_size: int, token_ids: bool = True) -> list[tuple]:
+    def _windowed_nuggets(
+        self, texts: Sequence[str], batch_size: int, token_ids: bool = True, unit_rows: bool = False
+    ) -> list[tuple]:
         """`nuggets` over the whole of each text: consecutive windows of max_length tokens, each selecting
         its own ceil(r * n_w) nuggets, positions counted in the whole text's token ids."""
         long = [] if token_ids else [i for i, text in enumerate(texts) if is_long(text)]
         if long:  # the usual texts together as always; each long one streamed, a batch of windows at a time
             short = [i for i in range(len(texts)) if i not in set(long)]
             with reporting_texts(0, len(short), len(texts)):
-                found = self._windowed_nuggets([texts[i] for i in short], batch_size) if short else []
+                found = (
+                    self._windowed_nuggets([texts[i] for i in short], batch_size, unit_rows=unit_rows)
+                    if short
+                    else []
+                )
             items: list = [None] * len(texts)
             for k, i in enumerate(short):
                 items[i] = found[k]
             for k, i in enumerate(long):
                 with reporting_texts(len(short) + k, 1, len(texts)):
-                    items[i] = self._streamed_nuggets(texts[i], batch_size)
+                    items[i] = self._streamed_nuggets(texts[i], batch_size, unit_rows)
             return items
         width = min(self.config.max_length, self.model.backbone.max_positions)
         tokens = self.tokenizer(list(texts), add_special_tokens=False, truncation=False, verbose=False)[
@@ -767,7 +778,7 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
         per_text: list[list] = [[] for _ in tokens]
         for w, owner in enumerate(owners):
             per_text[owner].append(found[w])
-        return [
+        results = [
             (
                 np.concatenate([v for v, _ in parts]),
                 np.concatenate([p for _, p in parts]),
@@ -775,10 +786,15 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
             )
             for parts, text_tokens in zip(per_text, tokens, strict=True)
         ]
+        if unit_rows:
+            for vectors, _, _ in results:
+                _unit_rows_in_place(vectors)
+        return results
 
-    def _streamed_nuggets(self, text: str, batch_size: int) -> tuple:
+    def _streamed_nuggets(self, text: str, batch_size: int, unit_rows: bool = False) -> tuple:
         """`_windowed_nuggets` of one long text, its ids tokenized block by block and its windows encoded
-        `batch_size` at a time: memory holds a block, a batch and the nuggets (the output itself)."""
+        `batch_size` at a time: memory holds a block, a batch and the nuggets up to GrowingRows' spill size
+        (past it, they go to a temporary file, mapped at the end)."""
         width = min(self.config.max_length, self.model.backbone.max_positions)
         empty = self.tokenizer("")["input_ids"]
         before, after = empty[:1], empty[1:]
@@ -803,6 +819,8 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
                     found[w] = (nuggets[row, :k], out.indices[row, :k].cpu().numpy() + starts[w])
             # in window order (a batch may take them in another)
             for window_vectors, window_positions in found:
+                if unit_rows:
+                    _unit_rows_in_place(window_vectors)
                 vectors.extend(window_vectors)
                 positions.append(window_positions)
 
@@ -822,13 +840,11 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
         texts = list(texts)
         if not texts:
             return MultiVectors(np.zeros((0, self.dim), dtype=np.float32), np.zeros(1, dtype=np.int64))
-        items = self.nuggets(texts, batch_size, token_ids=False)
+        # normalized in place as made: a long text's nuggets are the output's size, not copied once more
+        items = self.nuggets(texts, batch_size, token_ids=False, unit_rows=self.normalized)
         vectors = [v for v, _, _ in items]
         positions = [p for _, p, _ in items]
         del items  # `vectors` alone holds the nuggets now, so from_list can free each once it is copied
-        if self.normalized:  # in place: a long text's nuggets are the output's size, not copied once more
-            for v in vectors:
-                _unit_rows_in_place(v)
         return MultiVectors.from_list(vectors, positions, consume=True)
 
     # --- token states computed once (benches: many selectors over one frozen encoder) ----------------
