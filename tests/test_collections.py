@@ -64,7 +64,7 @@ def _save(path, vectors, ids, model="m"):
 def test_search_writes_trec_runs_that_evaluate_reads(capfd, tmp_path):
     emb = _save(tmp_path / "e.npy", [[1, 0], [0.8, 0.6], [0, 1]], ["a", "b", "c"])
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     result = invoke(
         capfd, "search", index, "--id", "a", "-k", "2", "--output-format", "trec", "--run-tag", "x"
     )
@@ -80,7 +80,7 @@ def test_search_writes_trec_runs_that_evaluate_reads(capfd, tmp_path):
         assert json.loads(out)["measures"]["AP"] == pytest.approx(0.5)
     # an id with a space cannot go in a TREC run: one line, no traceback
     spaced = _save(tmp_path / "s.npz", [[1, 0], [0, 1]], ["x y", "z"])
-    assert invoke(capfd, "index", "build", spaced, "-o", tmp_path / "i2").code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", spaced, "-o", tmp_path / "i2").code == 0
     bad = invoke(capfd, "search", tmp_path / "i2", "--id", "z", "--output-format", "trec")
     assert bad.code == 1 and "whitespace" in bad.err and "Traceback" not in bad.err
 
@@ -126,7 +126,7 @@ def test_index_add_appends_without_retraining_and_refuses_duplicates(capfd, tmp_
     a = _save(tmp_path / "a.npy", x[:500], [f"d{i}" for i in range(500)])
     b = _save(tmp_path / "b.npy", x[500:], [f"d{i}" for i in range(500, 600)])
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", a, "-o", index, "-t", kind).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", a, "-o", index, "-t", kind).code == 0
     before = faiss.read_index(str(index / "index.faiss"))
     result = invoke(capfd, "index", "add", index, b)
     assert result.code == 0 and "added 100 documents" in result.err, result.err
@@ -161,9 +161,9 @@ def test_flat_index_add_equals_a_rebuild(capfd, tmp_path):
     _save(tmp_path / "a.npy", x[:290], ids[:290])
     _save(tmp_path / "b.npy", x[290:], ids[290:])
     _save(tmp_path / "all.npy", x, ids)
-    invoke(capfd, "index", "build", tmp_path / "a.npy", "-o", tmp_path / "grown")
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "a.npy", "-o", tmp_path / "grown")
     invoke(capfd, "index", "add", tmp_path / "grown", tmp_path / "b.npy")
-    invoke(capfd, "index", "build", tmp_path / "all.npy", "-o", tmp_path / "whole")
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "all.npy", "-o", tmp_path / "whole")
     ask = [a for i in (0, 150, 295) for a in ("--id", ids[i])]
     grown = invoke(capfd, "search", tmp_path / "grown", *ask, "-k", "7").out
     assert grown and grown == invoke(capfd, "search", tmp_path / "whole", *ask, "-k", "7").out
@@ -175,7 +175,7 @@ def test_index_remove(capfd, tmp_path, kind):
     x = _unit(rng, 400)
     emb = _save(tmp_path / "e.npy", x, [f"d{i}" for i in range(400)])
     index = tmp_path / "index"
-    invoke(capfd, "index", "build", emb, "-o", index, "-t", kind)
+    invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index, "-t", kind)
     nearest = _ids(invoke(capfd, "search", index, "--id", "d0", "-k", "3"))[0]
     gone = tmp_path / "gone.txt"
     gone.write_text(f"{nearest[0]}\nnot-there\n")
@@ -204,9 +204,9 @@ def test_multi_vector_index_add_and_remove(capfd, tmp_path):
         EmbeddingSet(MultiVectors.from_list(sets[3:]), ids[3:], {"model": "m"}), str(tmp_path / "b.npz")
     )
     save_embeddings(EmbeddingSet(whole, ids, {"model": "m"}), str(tmp_path / "all.npz"))
-    invoke(capfd, "index", "build", tmp_path / "a.npz", "-o", tmp_path / "grown")
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "a.npz", "-o", tmp_path / "grown")
     assert invoke(capfd, "index", "add", tmp_path / "grown", tmp_path / "b.npz").code == 0
-    invoke(capfd, "index", "build", tmp_path / "all.npz", "-o", tmp_path / "whole")
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "all.npz", "-o", tmp_path / "whole")
     grown = invoke(capfd, "search", tmp_path / "grown", "--id", "m4", "-k", "4").out
     assert grown == invoke(capfd, "search", tmp_path / "whole", "--id", "m4", "-k", "4").out
     (tmp_path / "gone.txt").write_text("m1\n")
@@ -222,7 +222,7 @@ def test_search_more_like_this_with_texts(capfd, tmp_path):
         "".join(json.dumps({"doc": i, "body": t}) + "\n" for i, t in [("a", "A"), ("b", "Bee"), ("z", "-")])
     )
     index = tmp_path / "index"
-    invoke(capfd, "index", "build", emb, "-o", index)
+    invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index)
     result = invoke(
         capfd, "search", index, "--id", "b", "--id", "a", "-k", "2", "--text-from", corpus,
         "--id-field", "doc", "--text-field", "body",
@@ -398,7 +398,18 @@ def test_smaller_index_storage_ranks_as_float32_does_in_fewer_bytes(capfd, tmp_p
     save_embeddings(EmbeddingSet(MultiVectors.from_list(sets), ids, {"model": "m"}), str(tmp_path / "e.npz"))
     for name in ("float32", storage):
         built = invoke(
-            capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / name, "-t", kind, "--storage", name
+            capfd,
+            "index",
+            "build",
+            "--store",
+            "faiss",
+            tmp_path / "e.npz",
+            "-o",
+            tmp_path / name,
+            "-t",
+            kind,
+            "--storage",
+            name,
         )
         assert built.code == 0, built.err
     small, full = VectorIndex.load(tmp_path / storage), VectorIndex.load(tmp_path / "float32")

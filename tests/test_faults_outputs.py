@@ -68,7 +68,7 @@ def test_index_build_never_replaces_a_folder_it_did_not_write(
     before = {name: files_of(tmp_path / name) for name in ("embdir", "other")}
     monkeypatch.chdir(tmp_path if where == "tmp" else tmp_path / where)
     source = os.path.relpath(embedded / "e.npy")
-    result = invoke(capfd, "-q", "index", "build", source, "-o", target, "--overwrite")
+    result = invoke(capfd, "-q", "index", "build", "--store", "faiss", source, "-o", target, "--overwrite")
     assert result.code == 1
     assert message in one_line_error(result.err)
     assert {name: files_of(tmp_path / name) for name in ("embdir", "other")} == before
@@ -77,10 +77,17 @@ def test_index_build_never_replaces_a_folder_it_did_not_write(
 def test_a_docembed_index_or_an_empty_folder_is_replaced(capfd, tmp_path, embedded):
     source = embedded / "e.npy"
     (tmp_path / "empty").mkdir()
-    assert invoke(capfd, "-q", "index", "build", source, "-o", tmp_path / "empty").code == 0
-    refused = invoke(capfd, "-q", "index", "build", source, "-o", tmp_path / "empty")
+    assert (
+        invoke(capfd, "-q", "index", "build", "--store", "faiss", source, "-o", tmp_path / "empty").code == 0
+    )
+    refused = invoke(capfd, "-q", "index", "build", "--store", "faiss", source, "-o", tmp_path / "empty")
     assert "pass --overwrite" in one_line_error(refused.err)
-    assert invoke(capfd, "-q", "index", "build", source, "-o", tmp_path / "empty", "--overwrite").code == 0
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", "--store", "faiss", source, "-o", tmp_path / "empty", "--overwrite"
+        ).code
+        == 0
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "docs.jsonl",
         "embdir",
@@ -191,17 +198,24 @@ def test_a_killed_index_build_is_swept_by_the_next(capfd, tmp_path, embedded):
     (staging / ".docembed-staging").write_text(str(pid))
     (staging / "index.faiss").write_bytes(b"half")
     (tmp_path / ".idx.lock").write_text(str(pid))
-    assert invoke(capfd, "-q", "index", "build", embedded / "e.npy", "-o", tmp_path / "idx").code == 0
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", "--store", "faiss", embedded / "e.npy", "-o", tmp_path / "idx"
+        ).code
+        == 0
+    )
     assert not staging.exists() and not (tmp_path / ".idx.lock").exists()
     assert (tmp_path / "idx" / "index.faiss").stat().st_size > 4
 
 
 def test_an_index_a_killed_swap_took_away_is_put_back(capfd, tmp_path, embedded):
     target = tmp_path / "idx"
-    assert invoke(capfd, "-q", "index", "build", embedded / "e.npy", "-o", target).code == 0
+    assert (
+        invoke(capfd, "-q", "index", "build", "--store", "faiss", embedded / "e.npy", "-o", target).code == 0
+    )
     before = files_of(target)
     os.rename(target, tmp_path / f".idx.old{dead_pid()}")  # SIGKILL between the two renames of a rebuild
-    result = invoke(capfd, "-q", "index", "build", embedded / "e.npy", "-o", target)
+    result = invoke(capfd, "-q", "index", "build", "--store", "faiss", embedded / "e.npy", "-o", target)
     assert "pass --overwrite" in one_line_error(result.err)  # the previous index is back, and kept
     assert files_of(target) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl", "embdir", "idx"]
@@ -211,13 +225,20 @@ def test_a_folder_the_sweep_cannot_tell_is_ours_is_left_alone(capfd, tmp_path, e
     foreign = tmp_path / f".idx.tmp{dead_pid()}"
     foreign.mkdir()
     (foreign / "keep.txt").write_text("keep\n")
-    assert invoke(capfd, "-q", "index", "build", embedded / "e.npy", "-o", tmp_path / "idx").code == 0
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", "--store", "faiss", embedded / "e.npy", "-o", tmp_path / "idx"
+        ).code
+        == 0
+    )
     assert files_of(foreign) == {"keep.txt": b"keep\n"}
 
 
 def test_a_failed_swap_puts_the_previous_index_back(capfd, tmp_path, embedded, monkeypatch):
     target = tmp_path / "idx"
-    assert invoke(capfd, "-q", "index", "build", embedded / "e.npy", "-o", target).code == 0
+    assert (
+        invoke(capfd, "-q", "index", "build", "--store", "faiss", embedded / "e.npy", "-o", target).code == 0
+    )
     before = files_of(target)
     rename = os.rename
 
@@ -227,7 +248,9 @@ def test_a_failed_swap_puts_the_previous_index_back(capfd, tmp_path, embedded, m
         return rename(source, destination)
 
     monkeypatch.setattr(os, "rename", failing_rename)
-    result = invoke(capfd, "-q", "index", "build", embedded / "e.npy", "-o", target, "--overwrite")
+    result = invoke(
+        capfd, "-q", "index", "build", "--store", "faiss", embedded / "e.npy", "-o", target, "--overwrite"
+    )
     assert "no space left" in one_line_error(result.err)
     assert files_of(target) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl", "embdir", "idx"]

@@ -116,7 +116,7 @@ def test_damaged_inputs_of_merge_plot_and_index_build(capfd, tmp_path):
     _truncate(cut, 100)
     for args in (
         ("plot", cut, "-l", tmp_path / "labels.txt", "-o", tmp_path / "map.png"),
-        ("index", "build", cut, "-o", tmp_path / "idx"),
+        ("index", "build", "--store", "faiss", cut, "-o", tmp_path / "idx"),
     ):
         result = invoke(capfd, *args)
         assert result.code == 1 and "cut.npz" in one_line_error(result.err), args
@@ -142,7 +142,10 @@ def test_npz_of_older_versions_still_reads(tmp_path):
 def test_an_index_returns_the_right_document_for_every_awkward_id(capfd, tmp_path):
     emb = dense_set(AWKWARD_IDS, dim=16)
     save_embeddings(emb, str(tmp_path / "x.npz"))
-    assert invoke(capfd, "index", "build", tmp_path / "x.npz", "-o", tmp_path / "idx").code == 0
+    assert (
+        invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "x.npz", "-o", tmp_path / "idx").code
+        == 0
+    )
     from docembed.faiss_index import VectorIndex
 
     index = VectorIndex.load(tmp_path / "idx")
@@ -166,7 +169,10 @@ def test_lone_surrogate_ids_are_refused_when_written_and_kept_by_the_index(tmp_p
 @pytest.fixture
 def index_dir(capfd, tmp_path):
     save_embeddings(dense_set(["a", "b", "c"], dim=8), str(tmp_path / "x.npy"))
-    assert invoke(capfd, "index", "build", tmp_path / "x.npy", "-o", tmp_path / "idx").code == 0
+    assert (
+        invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "x.npy", "-o", tmp_path / "idx").code
+        == 0
+    )
     return tmp_path / "idx"
 
 
@@ -229,7 +235,10 @@ def test_nan_vectors_are_refused_at_build_and_at_load(capfd, tmp_path):
 def test_search_with_a_query_model_of_another_width(capfd, model, tmp_path):
     src = corpus(tmp_path / "d.jsonl", 6)
     assert invoke(capfd, "encode", src, "-m", model, "-o", tmp_path / "x.npy").code == 0
-    assert invoke(capfd, "index", "build", tmp_path / "x.npy", "-o", tmp_path / "idx").code == 0
+    assert (
+        invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "x.npy", "-o", tmp_path / "idx").code
+        == 0
+    )
     other = dense_set(["q"], dim=5)
     from docembed.faiss_index import VectorIndex
 

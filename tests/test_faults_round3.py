@@ -199,7 +199,9 @@ def two_indexes(capfd, tmp_path):
     """`index` and `other.index`, side by side, each with an appended segment (added/0001)."""
     for name, prefix in (("index", "d"), ("other.index", "secret")):
         base = _vectors(tmp_path / f"{name}.npy", [f"{prefix}{i}" for i in range(40)], 1)
-        assert invoke(capfd, "-q", "index", "build", base, "-o", tmp_path / name).code == 0
+        assert (
+            invoke(capfd, "-q", "index", "build", "--store", "faiss", base, "-o", tmp_path / name).code == 0
+        )
         more = _vectors(tmp_path / f"{name}.more.npy", [f"{prefix}-added"], 2)
         assert invoke(capfd, "-q", "index", "add", tmp_path / name, more).code == 0
         assert json.loads((tmp_path / name / "meta.json").read_text())["segments"] == ["0001"]
@@ -238,10 +240,10 @@ def test_shard_manifest_files_outside_the_directory_are_refused(capfd, tmp_path,
     _vectors(shards / "part-00000.parquet", ["d0", "d1"], 5)
     entry = {"index": 0, "file": "part-00000.parquet", "start": 0, "stop": 2, "status": "done", "rows": 2}
     (shards / "manifest.json").write_text(json.dumps({"shards": [entry]}))
-    assert invoke(capfd, "-q", "index", "build", shards, "-o", tmp_path / "ok").code == 0
+    assert invoke(capfd, "-q", "index", "build", "--store", "faiss", shards, "-o", tmp_path / "ok").code == 0
     entry["file"] = str(secret) if file == "OUTSIDE" else file
     (shards / "manifest.json").write_text(json.dumps({"shards": [entry]}))
-    result = invoke(capfd, "-q", "index", "build", shards, "-o", tmp_path / "idx")
+    result = invoke(capfd, "-q", "index", "build", "--store", "faiss", shards, "-o", tmp_path / "idx")
     assert result.code == 1 and not (tmp_path / "idx").exists()
     assert "manifest.json" in one_line_error(result.err) and "not a name inside" in result.err
 

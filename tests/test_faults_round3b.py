@@ -32,7 +32,12 @@ def indexed(capfd, model, tmp_path):  # noqa: F811
     """e.npy encoded from docs.jsonl, indexed as e.index."""
     docs = corpus(tmp_path / "docs.jsonl", 6)
     assert _encode(capfd, docs, "-m", model, "-o", tmp_path / "e.npy").code == 0
-    assert invoke(capfd, "-q", "index", "build", tmp_path / "e.npy", "-o", tmp_path / "e.index").code == 0
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", "--store", "faiss", tmp_path / "e.npy", "-o", tmp_path / "e.index"
+        ).code
+        == 0
+    )
     return tmp_path / "e.index"
 
 
@@ -96,7 +101,9 @@ def test_a_matching_output_format_is_fine(capfd, model, tmp_path):  # noqa: F811
 def test_an_index_rebuild_keeps_a_user_file_inside_it(capfd, tmp_path, indexed, extra):
     (indexed / "notes.txt").write_text("mine\n")
     _newer(tmp_path / "e.npy")
-    result = invoke(capfd, "-q", "index", "build", tmp_path / "e.npy", "-o", indexed, *extra)
+    result = invoke(
+        capfd, "-q", "index", "build", "--store", "faiss", tmp_path / "e.npy", "-o", indexed, *extra
+    )
     assert result.code == 1 and "notes.txt" in one_line_error(result.err)
     assert (indexed / "notes.txt").read_text() == "mine\n"
 
@@ -260,8 +267,10 @@ def test_a_long_output_name_is_written_when_it_fits(capfd, model, tmp_path):  # 
     assert len(load_embeddings(str(out))) == 3 and leftovers(tmp_path) == []
     assert _encode(capfd, docs, "-m", model, "-o", out, "--overwrite").code == 0
     folder = tmp_path / ("i" * 250)
-    assert invoke(capfd, "-q", "index", "build", out, "-o", folder).code == 0
-    assert invoke(capfd, "-q", "index", "build", out, "-o", folder, "--overwrite").code == 0
+    assert invoke(capfd, "-q", "index", "build", "--store", "faiss", out, "-o", folder).code == 0
+    assert (
+        invoke(capfd, "-q", "index", "build", "--store", "faiss", out, "-o", folder, "--overwrite").code == 0
+    )
     assert (folder / "index.faiss").exists() and leftovers(tmp_path) == []
 
 

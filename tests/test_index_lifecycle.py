@@ -40,48 +40,50 @@ def _twenty_and_five(tmp_path):
 def test_a_stale_rebuild_that_would_drop_added_documents_is_refused(capfd, tmp_path):
     x, emb, more = _twenty_and_five(tmp_path)
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     assert invoke(capfd, "index", "add", index, more).code == 0
     assert len(_ids(index)) == 25
     _touch(emb)  # the input is newer: make's rule would rebuild, and drop n0..n4 without a word
-    message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", index))
+    message = _one_line_error(invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index))
     assert "5 document(s) added with `index add`" in message and "(first: 'n0')" in message
     assert "would drop them" in message and "--overwrite" in message and str(emb) in message
     assert len(_ids(index)) == 25  # nothing written
     # encoded into the embeddings file, they are kept: the rebuild goes ahead and starts a fresh record
     full = _save(tmp_path / "e.npy", x, [f"d{i}" for i in range(20)] + [f"n{i}" for i in range(5)])
     _touch(full, 20)
-    assert invoke(capfd, "index", "build", full, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", full, "-o", index).code == 0
     assert len(_ids(index)) == 25 and not (index / "changes.json").exists()
 
 
 def test_overwrite_rebuilds_from_the_file_alone_with_a_warning(capfd, tmp_path):
     _, emb, more = _twenty_and_five(tmp_path)
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     assert invoke(capfd, "index", "add", index, more, "--compact").code == 0
     assert json.loads((index / "changes.json").read_text())["added"] == [f"n{i}" for i in range(5)]
-    result = invoke(capfd, "index", "build", emb, "-o", index, "--overwrite")
+    result = invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index, "--overwrite")
     assert result.code == 0 and "warning:" in result.err and "5 document(s) added" in result.err
     assert _ids(index) == [f"d{i}" for i in range(20)]
     _touch(emb)
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0  # nothing to undo any more
+    assert (
+        invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
+    )  # nothing to undo any more
 
 
 def test_a_rebuild_that_would_bring_back_removed_documents_is_refused(capfd, tmp_path):
     _, emb, more = _twenty_and_five(tmp_path)
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     (tmp_path / "gone.txt").write_text("d3\nd7\n")
     assert invoke(capfd, "index", "remove", index, "--ids", tmp_path / "gone.txt").code == 0
     _touch(emb)
-    message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", index))
+    message = _one_line_error(invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index))
     assert "2 document(s) removed with `index remove`" in message and "(first: 'd3')" in message
     assert "bring them back" in message
     # added and removed: one line for both
     assert invoke(capfd, "index", "add", index, more).code == 0
     _touch(emb, 10)
-    message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", index))
+    message = _one_line_error(invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index))
     assert "5 document(s) added" in message and "2 document(s) removed" in message and "undo both" in message
     assert len(_ids(index)) == 23
 
@@ -89,7 +91,7 @@ def test_a_rebuild_that_would_bring_back_removed_documents_is_refused(capfd, tmp
 def test_a_bm25_rebuild_over_a_changed_vector_index_is_refused_too(capfd, tmp_path):
     _, emb, more = _twenty_and_five(tmp_path)
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     assert invoke(capfd, "index", "add", index, more).code == 0
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"word{i} x"}) + "\n" for i in range(20)))

@@ -20,7 +20,7 @@ def test_index_add_appends_a_segment_and_searches_as_an_add_in_memory(capfd, tmp
     x = _unit(rng, 1030)
     base = _save(tmp_path / "base.npy", x[:1000], [f"d{i}" for i in range(1000)])
     index = tmp_path / "index"
-    assert invoke(capfd, "index", "build", base, "-o", index, "-t", kind).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", base, "-o", index, "-t", kind).code == 0
     written = (index / "index.faiss").read_bytes()
     for start in (1000, 1015):  # two appends of 1.5 % each: two segments, index.faiss never rewritten
         more = _save(
@@ -60,7 +60,7 @@ def test_index_add_compacts_past_a_tenth_and_on_request(capfd, tmp_path):
     x = _unit(rng, 260)
     _save(tmp_path / "base.npy", x[:200], [f"d{i}" for i in range(200)])
     index = tmp_path / "index"
-    invoke(capfd, "index", "build", tmp_path / "base.npy", "-o", index)
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "base.npy", "-o", index)
     for n, start in enumerate(range(200, 260, 10)):  # 10 each: segments until they pass 10 % of the whole
         _save(tmp_path / f"m{n}.npy", x[start : start + 10], [f"d{i}" for i in range(start, start + 10)])
         result = invoke(capfd, "index", "add", index, tmp_path / f"m{n}.npy")
@@ -85,7 +85,7 @@ def test_a_failed_append_leaves_the_index_as_it_was(capfd, tmp_path, monkeypatch
     x = _unit(rng, 102)
     _save(tmp_path / "base.npy", x[:100], [f"d{i}" for i in range(100)])
     index = tmp_path / "index"
-    invoke(capfd, "index", "build", tmp_path / "base.npy", "-o", index)
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "base.npy", "-o", index)
     meta = (index / "meta.json").read_bytes()
     more = load_embeddings(str(_save(tmp_path / "m.npy", x[100:101], ["new"])))
 
@@ -116,11 +116,11 @@ def test_multi_vector_segment_searches_as_a_rebuild(capfd, tmp_path):
     for name, part in (("a", slice(0, 40)), ("b", slice(40, 41)), ("all", slice(0, 41))):
         data = EmbeddingSet(MultiVectors.from_list(sets[part]), ids[part], {"model": "m"})
         save_embeddings(data, str(tmp_path / f"{name}.npz"))
-    invoke(capfd, "index", "build", tmp_path / "a.npz", "-o", tmp_path / "grown")
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "a.npz", "-o", tmp_path / "grown")
     assert (
         "appended as a segment" in invoke(capfd, "index", "add", tmp_path / "grown", tmp_path / "b.npz").err
     )
-    invoke(capfd, "index", "build", tmp_path / "all.npz", "-o", tmp_path / "whole")
+    invoke(capfd, "index", "build", "--store", "faiss", tmp_path / "all.npz", "-o", tmp_path / "whole")
     for doc in ("m40", "m3"):
         grown = invoke(capfd, "search", tmp_path / "grown", "--id", doc, "-k", "6").out
         assert grown and grown == invoke(capfd, "search", tmp_path / "whole", "--id", doc, "-k", "6").out

@@ -112,7 +112,7 @@ def test_multi_vector_search_is_mean_maxsim(tmp_path):
 def test_cli_more_like_this_equals_faiss(capfd, tmp_path):
     rng = np.random.default_rng(3)
     emb = _dense(tmp_path / "e.npy", _unit(rng, 60), [f"d{i}" for i in range(60)], model="m")
-    assert invoke(capfd, "index", "build", emb, "-o", tmp_path / "f").code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", tmp_path / "f").code == 0
     assert invoke(capfd, "index", "build", emb, "-o", tmp_path / "l", "--store", "lance").code == 0
     faiss_rows = _rows(invoke(capfd, "search", tmp_path / "f", "--id", "d3", "--id", "d9", "-k", "5").out)
     lance_rows = _rows(invoke(capfd, "search", tmp_path / "l", "--id", "d3", "--id", "d9", "-k", "5").out)
@@ -151,7 +151,7 @@ def test_build_with_text_and_fields_then_search_filter_and_hybrid(capfd, tmp_pat
     (row,) = _rows(result.out)
     assert row["query"] == "running dogs" and all(h["text"].startswith(WORDS[1]) for h in row["results"])
     faiss_index = tmp_path / "f"
-    assert invoke(capfd, "index", "build", emb, "-o", faiss_index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", faiss_index).code == 0
     (theirs,) = _rows(invoke(capfd, "search", faiss_index, "--query", "running dogs", "-k", "3").out)
     assert [h["id"] for h in row["results"]] == [h["id"] for h in theirs["results"]]
     # a prefilter on the stored fields
@@ -347,7 +347,7 @@ def test_a_stale_rebuild_that_would_undo_changes_is_refused(capfd, tmp_path):
     assert "1 document(s) removed since it was built (first: 'd4')" in message
     # --overwrite rebuilds from the file alone; a faiss build may replace the Lance folder, and back
     assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--overwrite").code == 0
-    assert invoke(capfd, "index", "build", emb, "-o", index, "--overwrite").code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index, "--overwrite").code == 0
     assert (index / "index.faiss").exists() and not (index / "docembed.json").exists()
     assert invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--overwrite").code == 0
     assert not (index / "index.faiss").exists() and (index / "documents.lance").is_dir()
@@ -363,7 +363,12 @@ def test_migrate_keeps_ids_vectors_model_and_additions(capfd, tmp_path, multi):
     later = EmbeddingSet(data.select(range(25, 30)) if multi else data[25:], ids[25:], {"model": "m"})
     save_embeddings(first, str(tmp_path / "a.npz"))
     save_embeddings(later, str(tmp_path / "b.npz"))
-    assert invoke(capfd, "-q", "index", "build", tmp_path / "a.npz", "-o", tmp_path / "f.index").code == 0
+    assert (
+        invoke(
+            capfd, "-q", "index", "build", "--store", "faiss", tmp_path / "a.npz", "-o", tmp_path / "f.index"
+        ).code
+        == 0
+    )
     assert invoke(capfd, "-q", "index", "add", tmp_path / "f.index", tmp_path / "b.npz").code == 0
     corpus = _corpus(tmp_path / "c.jsonl", 30)
     migrated = invoke(
@@ -428,7 +433,20 @@ def test_multi_vector_search_settings_trade_recall_for_work(capfd, tmp_path):
     emb = EmbeddingSet(data, [f"d{i}" for i in range(400)], {"model": "m"})
     save_embeddings(emb, str(tmp_path / "m.npz"))
     assert (
-        invoke(capfd, "-q", "index", "build", tmp_path / "m.npz", "-o", tmp_path / "i", "-t", "ivf").code == 0
+        invoke(
+            capfd,
+            "-q",
+            "index",
+            "build",
+            "--store",
+            "faiss",
+            tmp_path / "m.npz",
+            "-o",
+            tmp_path / "i",
+            "-t",
+            "ivf",
+        ).code
+        == 0
     )
     index = VectorIndex.load(tmp_path / "i")
     recorded = index.search_settings()
@@ -497,3 +515,53 @@ def test_hybrid_with_a_fusion_ranks_as_rerank_over_the_same_candidates(capfd, tm
     assert invoke(capfd, "-q", "index", "build", emb, "-o", bare, "--store", "lance").code == 0
     refused = invoke(capfd, "search", bare, "--query", "x", "-m", "bm25+glove-avg")
     assert "holds no text" in _one_line_error(refused, code=2)
+
+
+# --- the default store: Lance for dense sets, faiss where it serves better --------------------------------
+def test_the_default_store_is_lance_for_dense_sets_and_faiss_for_multi_vector_ones(capfd, tmp_path):
+    from docembed.lance_index import is_lance_dir
+
+    rng = np.random.default_rng(11)
+    ids = [f"d{i}" for i in range(12)]
+    dense = _dense(tmp_path / "dense.npy", _unit(rng, 12), ids, model="m")
+    multi = tmp_path / "multi.npz"
+    save_embeddings(EmbeddingSet(_multi(rng, 12), ids, {"model": "m"}), str(multi))
+    built = {}
+    for name, source, extra in (
+        ("dense", dense, []),
+        ("multi", multi, []),
+        ("int8", dense, ["--storage", "int8"]),  # Lance holds float32 / float16 vectors only
+        ("typed", dense, ["--type", "ivf_pq"]),  # a Lance index type
+    ):
+        assert invoke(capfd, "-q", "index", "build", source, "-o", tmp_path / name, *extra).code == 0
+        built[name] = "lance" if is_lance_dir(tmp_path / name) else "faiss"
+    assert built == {"dense": "lance", "multi": "faiss", "int8": "faiss", "typed": "lance"}
+    # a rebuild keeps the store an index has, whichever it is
+    assert invoke(capfd, "-q", "index", "build", "--store", "faiss", dense, "-o", tmp_path / "kept").code == 0
+    assert invoke(capfd, "-q", "index", "build", dense, "-o", tmp_path / "kept", "--overwrite").code == 0
+    assert (tmp_path / "kept" / "index.faiss").exists() and not is_lance_dir(tmp_path / "kept")
+    assert invoke(capfd, "-q", "index", "build", dense, "-o", tmp_path / "dense", "--overwrite").code == 0
+    assert is_lance_dir(tmp_path / "dense")
+
+
+def test_a_bm25_lexical_index_fuses_with_a_lance_index_as_with_faiss(capfd, tmp_path, glove_collection):
+    folder, corpus, emb = glove_collection
+    lance, faiss, bm25 = tmp_path / "l", tmp_path / "f", tmp_path / "b"
+    assert invoke(capfd, "-q", "index", "build", emb, "-o", lance).code == 0
+    assert invoke(capfd, "-q", "index", "build", "--store", "faiss", emb, "-o", faiss).code == 0
+    assert invoke(capfd, "-q", "index", "build", corpus, "--type", "bm25", "-o", bm25).code == 0
+    found = {}
+    for name, index in (("lance", lance), ("faiss", faiss)):
+        result = invoke(
+            capfd, "-q", "search", index, "--lexical-index", bm25, "-m", "bm25+glove-avg",
+            "--query", "cats running", "--query", "number 7", "-k", "5", "--depth", "10",
+        )  # fmt: skip
+        assert result.code == 0, result.err
+        found[name] = [json.loads(line)["results"] for line in result.out.splitlines()]
+    for lance_hits, faiss_hits in zip(found["lance"], found["faiss"], strict=True):
+        assert [h["id"] for h in lance_hits] == [h["id"] for h in faiss_hits] and len(lance_hits) == 5
+        assert np.allclose([h["score"] for h in lance_hits], [h["score"] for h in faiss_hits], atol=1e-5)
+    refused = invoke(
+        capfd, "-q", "search", lance, "--lexical-index", bm25, "--query", "x", "--where", "year > 1"
+    )
+    assert refused.code != 0 and "leave out --hybrid and --where" in refused.err

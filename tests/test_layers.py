@@ -11,7 +11,7 @@ LAYERS = [
     {"types", "errors", "tensors", "runtime", "version"},
     {"text", "losses", "scoring"},
     {"io", "datasets"},
-    {"models", "zoo", "faiss_index", "lance_index"},
+    {"models", "zoo", "faiss_index", "lance_index", "passages"},
     {"training", "encoding", "parallel", "remote"},
     {"evaluation", "engines", "zoo.export", "similarity", "api", "server"},
     {"cli", "__main__", "__init__", "integrations"},

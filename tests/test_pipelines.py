@@ -70,13 +70,15 @@ def test_index_folder_is_replaced_when_its_embeddings_are_newer(capfd, model, tm
     docs = corpus(tmp_path / "docs.jsonl", 5)
     emb, index = tmp_path / "docs.npy", tmp_path / "docs.index"
     assert invoke(capfd, "encode", docs, "-m", model, "-o", emb).code == 0
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
-    result = invoke(capfd, "index", "build", emb, "-o", index)
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
+    result = invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index)
     assert result.code == 1 and "output exists" in one_line_error(result.err)
     corpus(docs, 7)
     age(docs, -5)
     assert invoke(capfd, "encode", docs, "-m", model, "-o", emb).code == 0  # a stale file, no --overwrite
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0  # a stale folder, no --overwrite
+    assert (
+        invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
+    )  # a stale folder, no --overwrite
     assert json.loads((index / "ids.json").read_text()) == [f"d{i}" for i in range(7)]
     assert leftovers(tmp_path) == []
     # the data-safety rules stand: a stale folder docembed did not write, the working directory and a
@@ -85,18 +87,18 @@ def test_index_folder_is_replaced_when_its_embeddings_are_newer(capfd, model, tm
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     age(mine, 100)
-    result = invoke(capfd, "index", "build", emb, "-o", mine)
+    result = invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", mine)
     assert result.code == 1 and "not a docembed index" in one_line_error(result.err)
     assert (mine / "notes.txt").read_text() == "keep me"
     age(index, 100)
     shutil.copy(emb, index / "inner.npy")
     shutil.copy(tmp_path / "docs.ids.txt", index / "inner.ids.txt")
     age(index, 100)
-    result = invoke(capfd, "index", "build", index / "inner.npy", "-o", index)
+    result = invoke(capfd, "index", "build", "--store", "faiss", index / "inner.npy", "-o", index)
     assert result.code == 1 and "holds the input" in one_line_error(result.err)
     monkeypatch.chdir(mine)
     age(mine, 100)
-    result = invoke(capfd, "index", "build", emb, "-o", ".")
+    result = invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", ".")
     assert result.code == 1 and "working directory" in one_line_error(result.err)
 
 
@@ -125,7 +127,7 @@ def test_search_output_is_written_all_or_nothing(capfd, model, tmp_path):
     docs = corpus(tmp_path / "docs.jsonl", 5)
     emb, index, out = tmp_path / "docs.npy", tmp_path / "docs.index", tmp_path / "hits.jsonl"
     assert invoke(capfd, "encode", docs, "-m", model, "-o", emb).code == 0
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     queries = tmp_path / "queries.jsonl"
     queries.write_text('{"id": "q1", "text": "w1 w8"}\n{"id": "q2", "text": "w3"}\n')
     result = invoke(capfd, "search", index, "--queries", queries, "-m", model, "-k", "2", "-o", out)
@@ -260,7 +262,7 @@ def test_an_index_recording_an_old_absolute_zoo_path_still_finds_its_model(capfd
     docs = corpus(tmp_path / "docs.jsonl", 4)
     emb, index = tmp_path / "docs.npy", tmp_path / "docs.index"
     assert invoke(capfd, "encode", docs, "-m", "static", "-o", emb).code == 0
-    assert invoke(capfd, "index", "build", emb, "-o", index).code == 0
+    assert invoke(capfd, "index", "build", "--store", "faiss", emb, "-o", index).code == 0
     meta = json.loads((index / "meta.json").read_text())
     assert meta["model"] == "static" and "model_source" not in meta
     # what an older docembed wrote in another environment: the zoo's absolute installation path

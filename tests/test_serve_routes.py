@@ -250,6 +250,30 @@ def test_hybrid_search_ranks_exactly_as_search_lexical_index(capfd, built, query
     assert "rebuild both" in _error(service, "/remove", {"ids": ["d0"]})
 
 
+def test_a_lance_index_beside_a_bm25_index_serves_the_rows_search_writes(capfd, built, tmp_path):
+    """The default store for dense sets is Lance: its hybrid with a separate bm25 index is served as
+    `search --lexical-index` ranks it, and as the faiss index's is (the same candidates, exact scores)."""
+    import docembed
+
+    lance = tmp_path / "lance"
+    assert invoke(capfd, "-q", "index", "build", built / "e.npy", "-o", lance, "--store", "lance").code == 0
+    fusion = docembed.load("bm25+glove-avg", device="cpu")
+    query = "the cat and the dog"
+    rows = {}
+    for name, index in (("lance", lance), ("faiss", built / "idx")):
+        service = _service(fusion, index, lexical=built / "bm25")
+        rows[name] = service.answer("POST", "/search", {"queries": [query], "k": 4})["results"]
+        args = ["search", index, "--lexical-index", built / "bm25", "-m", "bm25+glove-avg", "--query", query]
+        result = invoke(capfd, *args, "-k", "4")
+        assert result.code == 0, result.err
+        assert rows[name] == [json.loads(result.out)]
+    assert [h["id"] for h in rows["lance"][0]["results"]] == [h["id"] for h in rows["faiss"][0]["results"]]
+    refused = _error(
+        _service(fusion, lance, lexical=built / "bm25"), "/search", {"queries": ["x"], "where": "1=1"}
+    )
+    assert "leave out" in refused
+
+
 def test_hybrid_serving_is_checked_at_start(glove, built):
     import docembed
     from docembed.errors import UsageError

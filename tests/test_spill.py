@@ -31,7 +31,8 @@ def test_spilled_rows_are_the_rows_in_memory_mapped_read_only():
     in_memory, spilled = _grown(batches), _grown(batches, spill_bytes=200)
     assert mapped_file(in_memory) is None and mapped_file(spilled) is not None
     assert not spilled.flags.writeable
-    assert np.array_equal(np.asarray(spilled), in_memory) and np.array_equal(in_memory, np.concatenate(batches))
+    assert np.array_equal(np.asarray(spilled), in_memory)
+    assert np.array_equal(in_memory, np.concatenate(batches))
 
 
 @pytest.mark.parametrize("storage", ["float32", "float16", "int8"])
@@ -70,9 +71,8 @@ def test_int8_storage_converted_in_blocks_equals_one_pass():
 
 
 def test_nugget_spills_a_long_text_to_the_same_vectors(monkeypatch, minilm_tokenizer):
-    from tiny_models import tiny_nugget
-
     from docembed import tensors
+    from tiny_models import tiny_nugget
 
     nugget = tiny_nugget(minilm_tokenizer, long_documents="windows")
     nugget.model.eval()

@@ -442,6 +442,16 @@ class VectorIndex:
             self.index.make_direct_map()
         return self.index.reconstruct(row).reshape(1, -1)
 
+    def vectors_of(self, doc_ids: Sequence[str]) -> Vectors:
+        """The vectors the index holds for each of `doc_ids`, in order: a MultiVectors for a multi-vector
+        index (each document's passages, for `search --passages`), else one row each."""
+        rows = [self._row(doc_id) for doc_id in doc_ids]
+        if self.multi is not None:
+            return self.multi.select(rows)
+        if not rows:
+            return np.zeros((0, self.index.d), dtype=np.float32)
+        return concat_vectors([self.stored(doc_id) for doc_id in doc_ids])
+
     def scores_of(self, query: Vectors, doc_ids: Sequence[str]) -> np.ndarray:
         """The exact score of one query (a batch of one) against each of `doc_ids`, as `search` scores a
         hit: cosine to the vector faiss holds, or mean-MaxSim over the vectors it holds."""

@@ -220,14 +220,9 @@ class LanceIndex:
         clash = next((name for name in fields if name in RESERVED), None)
         if clash:
             raise UsageError(f"--fields: {clash!r} is a column of the index already (id, vector, text)")
-        metadata = dict(embeddings.metadata, index_kind=kind, storage=storage, dim=embeddings.dim)
-        metadata.pop("text_hashes", None)  # the rows' text digests (encode --reuse): not the index's
-        metadata.pop("count", None)  # the table counts its rows; a count here would go stale
-        metadata["kind"] = "multi" if embeddings.is_multi else "dense"
-        refine = REFINE.get(KINDS[kind])
-        metadata["search"] = {"refine_factor": refine} if refine else {}
-        if "HNSW" in (KINDS[kind] or ""):
-            metadata["search"]["ef"] = HNSW_EF
+        metadata = collection_metadata(
+            embeddings.metadata, embeddings.dim, embeddings.is_multi, kind, storage
+        )
         pa = _pa()
         schema = _schema(embeddings.dim, embeddings.is_multi, storage, texts is not None, fields, metadata)
         directory = Path(directory)
@@ -240,8 +235,7 @@ class LanceIndex:
             raise DocembedError(f"cannot write the Lance table: {_one_line(error)}") from None
         index = cls(directory, table, metadata)
         index._create_indexes(kind, dict(index_options or {}))
-        marker = {"store": STORE, "table": TABLE, "built_version": index.version, "metadata": metadata}
-        (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+        _write_marker(directory, index.version, metadata)
         return index
 
     def _create_indexes(self, kind: str, options: dict) -> None:
@@ -462,6 +456,21 @@ class LanceIndex:
             return maxsim_one_to_many(vectors, docs, self.passage_temperature).astype(np.float64)
         vector = l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
         return _dense_from_arrow(column, self.dim).astype(np.float64) @ vector
+
+    def vectors_of(self, doc_ids: Sequence[str]) -> Vectors:
+        """The stored vectors of each of `doc_ids`, in order: a MultiVectors for a multi-vector table (each
+        document's passages, for `search --passages`), else one row each."""
+        found = self._rows_table(doc_ids, ["vector"])
+        row_of = {doc: row for row, doc in enumerate(found["id"].to_pylist())} if found is not None else {}
+        missing = next((doc for doc in doc_ids if doc not in row_of), None)
+        if missing is not None:
+            raise DocembedError(f"id {missing!r} is not in the index")
+        if not doc_ids:
+            return MultiVectors.from_list([]) if self.is_multi else np.zeros((0, self.dim), dtype=np.float32)
+        column = found["vector"].take(_pa().array([row_of[doc] for doc in doc_ids], _pa().int64()))
+        if self.is_multi:
+            return _multi_from_arrow(column, self.dim)
+        return _dense_from_arrow(column, self.dim)
 
     def _run(self, builder):
         try:
@@ -703,6 +712,142 @@ def recorded_model_of(directory: str | Path) -> str | None:
         return faiss_model(directory)
     metadata = json.loads((directory / MARKER).read_text(encoding="utf-8")).get("metadata", {})
     return metadata.get("model_source") or metadata.get("model")
+
+
+# --- a collection written in pieces: writers write fragments, one commit makes the table ------------------
+# The Lance file version LanceDB writes itself (0.40): fragments written by pylance open in its reader
+FRAGMENT_FILE_VERSION = "2.2"
+
+
+PYLANCE_MISSING = "a Lance collection written by many workers needs pylance: pip install pylance"
+
+
+def require_pylance() -> None:
+    """Fail in one line when pylance is missing, without importing it: once imported it warns at every fork
+    (Ray's processes start after this check)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lance") is None:
+        raise DocembedError(PYLANCE_MISSING)
+
+
+def import_pylance():
+    try:
+        import lance
+    except ImportError:
+        raise DocembedError(PYLANCE_MISSING) from None
+    return lance
+
+
+def write_fragments(directory: str | Path, embeddings: EmbeddingSet, texts: Mapping[str, str] | None = None):
+    """Write `embeddings` (one piece of a collection) as Lance data files of the table in `directory`,
+    uncommitted: returns the fragments' metadata as JSON strings, for `commit_fragments`. Rows as `build`
+    writes them (vectors normalised; `texts`, id -> text, as the text column when given)."""
+    if len(embeddings) == 0:
+        return []  # no rows: no fragment (the other pieces make the table)
+    _refuse_non_finite(embeddings)
+    schema = _schema(embeddings.dim, embeddings.is_multi, "float32", texts is not None, {}, {})
+    batches = _record_batches(schema, embeddings, texts, {})
+    reader = _pa().RecordBatchReader.from_batches(schema, batches)
+    try:
+        fragments = import_pylance().fragment.write_fragments(
+            reader,
+            str(Path(directory) / f"{TABLE}.lance"),
+            schema=schema,
+            mode="create",  # the table does not exist until commit_fragments
+            data_storage_version=FRAGMENT_FILE_VERSION,
+        )
+    except (ValueError, TypeError, OSError, RuntimeError) as error:
+        raise DocembedError(f"cannot write Lance fragments in {directory}: {_one_line(error)}") from None
+    return [json.dumps(fragment.to_json()) for fragment in fragments]
+
+
+def commit_fragments(
+    directory: str | Path, fragments: Sequence[str], metadata: dict, text: bool = False
+) -> LanceIndex:
+    """Make the table of `directory` from `fragments` (write_fragments' JSON, in row order) in one commit,
+    then what `build` adds for a flat index: the B-tree on id, the full-text index over `text`, and
+    docembed.json. `metadata`: the embeddings' (model, dim, kind "dense" or "multi"). An error leaves no
+    committed table only when `directory` is staged (encode writes it through io.outputs.directory_output)."""
+    lance = import_pylance()
+    directory = Path(directory)
+    dim, multi = int(metadata["dim"]), metadata.get("kind") == "multi"
+    metadata = collection_metadata(metadata, dim, multi)
+    schema = _schema(dim, multi, "float32", text, {}, metadata)
+    pieces = [lance.fragment.FragmentMetadata.from_json(fragment) for fragment in fragments]
+    try:
+        lance.LanceDataset.commit(
+            str(directory / f"{TABLE}.lance"), lance.LanceOperation.Overwrite(schema, pieces)
+        )
+        table = _lancedb().connect(str(directory)).open_table(TABLE)
+    except (ValueError, TypeError, OSError, RuntimeError) as error:
+        raise DocembedError(f"cannot commit the Lance table in {directory}: {_one_line(error)}") from None
+    index = LanceIndex(directory, table, metadata)
+    refuse_repeated_ids(index.ids(), "the encoded documents")  # pieces cannot see each other's ids
+    index._create_indexes("flat", {})
+    _write_marker(directory, index.version, metadata)
+    return index
+
+
+def collection_metadata(
+    metadata: Mapping[str, object], dim: int, multi: bool, kind: str = "flat", storage: str = "float32"
+) -> dict:
+    """What a collection records of its embeddings' `metadata`: the model and the kind of index, not the
+    rows' text digests or a count (the table counts its rows)."""
+    recorded = dict(metadata, index_kind=kind, storage=storage, dim=dim)
+    recorded.pop("text_hashes", None)  # the rows' text digests (encode --reuse): not the index's
+    recorded.pop("count", None)  # the table counts its rows; a count here would go stale
+    recorded["kind"] = "multi" if multi else "dense"
+    refine = REFINE.get(KINDS[kind])
+    recorded["search"] = {"refine_factor": refine} if refine else {}
+    if "HNSW" in (KINDS[kind] or ""):
+        recorded["search"]["ef"] = HNSW_EF
+    return recorded
+
+
+def _write_marker(directory: Path, version: int, metadata: dict) -> None:
+    marker = {"store": STORE, "table": TABLE, "built_version": version, "metadata": metadata}
+    (directory / MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+
+
+# --- a collection read back as embeddings: what `index build COLLECTION` reads ------------------------------
+# what a collection records about itself, not about its embeddings
+_INDEX_KEYS = ("index_kind", "search", "kind")
+
+
+def is_lance_dataset(path: str | Path) -> bool:
+    """Whether `path` is a docembed collection folder or a Lance table folder (NAME.lance/_versions)."""
+    path = Path(path)
+    return is_lance_dir(path) or (path.suffix == ".lance" and (path / "_versions").is_dir())
+
+
+def load_collection(path: str | Path) -> EmbeddingSet:
+    """The ids and vectors (as stored: normalised) of a collection, with its embeddings' metadata: a
+    docembed Lance folder, or its table folder (documents.lance), whose schema metadata names the model."""
+    path = Path(path)
+    if is_lance_dir(path):
+        index = LanceIndex.open(path)
+        table, metadata = index.table, dict(index.metadata)
+    else:
+        try:
+            table = _lancedb().connect(str(path.parent)).open_table(path.name.removesuffix(".lance"))
+        except (OSError, ValueError, RuntimeError) as error:
+            raise DocembedError(f"cannot open the Lance table {path}: {_one_line(error)}") from None
+        raw = (table.schema.metadata or {}).get(b"docembed")
+        if raw is None or not {"id", "vector"} <= set(table.schema.names):
+            raise DocembedError(
+                f"{path} is a Lance table without docembed's id, vector and metadata: not written by docembed"
+            )
+        metadata = json.loads(raw)
+    count = int(table.count_rows())
+    if count == 0:
+        raise DocembedError(f"{path} holds no documents")
+    rows = table.search().select(["id", "vector"]).limit(count).to_arrow()
+    dim = int(metadata["dim"])
+    multi = metadata.get("kind") == "multi"
+    vectors = _multi_from_arrow(rows["vector"], dim) if multi else _dense_from_arrow(rows["vector"], dim)
+    kept = {key: value for key, value in metadata.items() if key not in _INDEX_KEYS}
+    return EmbeddingSet(vectors, rows["id"].to_pylist(), kept)
 
 
 # --- arrow: the table's schema and record batches ----------------------------------------------------------

@@ -21,7 +21,8 @@ a list over MAX_TEXTS texts):
                     `search --lexical-index` ranks with --lexical-index (hybrid search). A Lance index
                     (`index build --store lance`) also takes "where" (an SQL filter on its fields) and
                     "hybrid": true (vector + full-text search of its stored text), and its hits carry
-                    the text it stores
+                    the text it stores. "passages": true gives each hit "passage" and "passage_text", its
+                    best passage as `search --passages` finds it (an index of passages, with the texts)
 - POST /add         {"ids": [...], "texts": [...]} -> {"added", "documents", "compacted" | "version"}: the
                     texts encoded with the served model and added as `docembed index add` adds them (on disk,
                     all or nothing; ids already in the index, repeated ids and non-finite vectors refused; a
@@ -72,6 +73,7 @@ from docembed.faiss_index import (
 from docembed.io.runs import hit_rows
 from docembed.lance_index import LanceIndex, open_index
 from docembed.lance_index import index_stamp as vector_index_stamp
+from docembed.passages import add_passages, check_passage_model, refuse_index_without_passages
 from docembed.runtime import log, progress_shown
 from docembed.types import EmbeddingSet, MultiVectors
 
@@ -220,14 +222,10 @@ class EmbeddingService:
         documents = lambda found: f"{len(found.ids)} documents"  # noqa: E731
         rows = lambda found: f"{len(found)} documents"  # noqa: E731
         self._index = _watch(index, open_index, vector_index_stamp, rows, reload_interval)
-        if lexical is not None and isinstance(self._index.value, LanceIndex):
-            raise UsageError(
-                'a Lance index searches its own stored text: /search with "hybrid": true, not --lexical-index'
-            )
         self._lexical = _watch(lexical, BM25Index.load, index_stamp, documents, reload_interval)
         # checked at start, not at the first search: a server that cannot search says so at once
-        if isinstance(self._index.value, LanceIndex) and model.family == "fusion":
-            self._fusion = model.encoder  # a Lance index's hybrid search: its vector and full-text hits
+        if isinstance(self._index.value, LanceIndex) and lexical is None and model.family == "fusion":
+            self._fusion = model.encoder  # a Lance index's own hybrid search: its vector and full-text hits
         else:
             self._fusion = hybrid_fusion(model.encoder, self._lexical.value) if index is not None else None
         # what encodes queries and added documents: the index's model (a fusion's model part)
@@ -331,33 +329,63 @@ class EmbeddingService:
         if not ids and not queries:
             raise BadRequest('give "queries" (texts) and/or "ids" (documents of the index)')
         where, hybrid = _lance_options(body, index)
+        passages = self._passages_option(body, index)
         missing = next((doc_id for doc_id in ids if doc_id not in index), None)
         if missing is not None:
             raise BadRequest(f"id {missing!r} is not in the index", HTTPStatus.NOT_FOUND)
         lance = isinstance(index, LanceIndex)
+        if (
+            lance and lexical is not None and (where or hybrid)
+        ):  # the bm25 hits are neither filtered nor its own
+            raise BadRequest('--lexical-index fuses a separate bm25 index: leave out "where" and "hybrid"')
         liked = (index.more_like(ids, k, where) if lance else index.more_like(ids, k)) if ids else []
         rows = [
             {"query_id": doc_id, "results": hit_rows(hits)} for doc_id, hits in zip(ids, liked, strict=True)
         ]
+        query_vectors = [index.stored(doc_id) for doc_id in ids] if passages else []
         if queries:
             vectors = self._encode_documents(queries)
             if lance and hybrid and self._fusion is not None:  # the fusion's scores over both kinds of hits
                 found = index.fused_search(queries, vectors, self._fusion, k, where, depth)
             elif lance and hybrid:
                 found = index.hybrid_search(queries, vectors, k, where, depth)
-            elif lance:
+            elif lance and lexical is None:
                 found = index.search(vectors, k, where)
-            else:
+            else:  # faiss, or Lance beside a bm25 --lexical-index: the fused search `search` runs
                 found = search_queries(index, queries, vectors, k, lexical, self._fusion, depth)
             rows += [
                 {"query_id": str(i), "query": text, "results": hit_rows(hits)}
                 for i, (text, hits) in enumerate(zip(queries, found, strict=True))
             ]
+            if passages:
+                query_vectors += [vectors.select([i]) for i in range(len(queries))]
         if self._corpus.value is not None:
             attach_texts(rows, ChainMap(self._added_texts, self._corpus.value))
         elif lance and index.has_text:  # the texts the table stores, as `search` shows them
             attach_texts(rows, index.texts_of([hit["id"] for row in rows for hit in row["results"]]))
+        if passages:  # as `search --passages`: each hit's best passage, found in its text
+            add_passages(rows, query_vectors, index, self._encoder)
         return {"results": rows}
+
+    def _passages_option(self, body: dict, index) -> bool:
+        """A /search's "passages": true, checked as `search --passages` checks it: an index of passages, a
+        model that cuts them, and the hits' text (--corpus, or a Lance index storing it)."""
+        passages = body.get("passages", False)
+        if not isinstance(passages, bool):
+            raise BadRequest('"passages" must be true or false')
+        if not passages:
+            return False
+        try:
+            refuse_index_without_passages(index, "the index", '"passages"')
+            check_passage_model(self._encoder, '"passages"')
+        except UsageError as error:
+            raise BadRequest(str(error)) from None
+        if self._corpus.value is None and not (isinstance(index, LanceIndex) and index.has_text):
+            raise BadRequest(
+                '"passages" finds each passage in its document\'s text: start the server with --corpus '
+                "CORPUS, or serve a Lance index built with --text-from"
+            )
+        return True
 
     def add(self, body: dict) -> dict:
         folder = self._writable_index()

@@ -148,7 +148,7 @@ class GrowingRows:
     they go (`release_pages`), so one document's vectors cost no more memory than a page's, however many."""
 
     GROWTH = 1.25  # resize zero-fills what it adds: a small step keeps that within a quarter of the output
-    SPILL_BYTES = 256 << 20
+    SPILL_BYTES = 64 << 20  # the most held in memory: small beside a page's peak (0.5 GB for nugget)
 
     def __init__(self, dim: int, dtype=np.float32, expected: int = 1024, spill_bytes: int | None = None):
         self._dtype = np.dtype(dtype)

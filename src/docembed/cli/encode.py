@@ -20,7 +20,8 @@ def encode(
         "--output",
         "-o",
         help="Output file (.npy .npz .safetensors .parquet .jsonl); - is JSONL on stdout. "
-        "With --engine ray: a directory of Parquet shards.",
+        "With --engine ray: a directory of Parquet shards, or a Lance collection (DIR.lance or "
+        "--output-format lance) that search and index commands open as it is.",
     ),
     model: str = common.MODEL,
     format: str = common.INPUT_FORMAT,
@@ -31,7 +32,12 @@ def encode(
         None, "--shard", help="I/N: encode only the I-th (0-based) of N contiguous slices."
     ),
     batch_size: int = common.BATCH_SIZE,
-    output_format: str = typer.Option(None, "--output-format", help="Override the format implied by -o."),
+    output_format: str = typer.Option(
+        None,
+        "--output-format",
+        help="Override the format implied by -o. --engine ray: parquet (shards, the default) | lance (a "
+        "Lance collection, as `index build --store lance` writes, committed once by the driver).",
+    ),
     storage: str = typer.Option(
         "float32",
         "--storage",
@@ -100,7 +106,16 @@ def encode(
         None, "--threads", min=1, help="Torch threads per process (default: 1 with --workers, else torch's)."
     ),
     engine: str = typer.Option(
-        "local", "--engine", help="local (this process) | ray (Ray Data actors; -o is a directory of shards)."
+        "local",
+        "--engine",
+        help="local (this process) | ray (Ray Data actors; -o is a directory of Parquet shards, or with "
+        "--output-format lance a Lance collection the actors write).",
+    ),
+    store_text: bool = typer.Option(
+        False,
+        "--store-text",
+        help="Ray with a Lance output: keep each document's text in the collection (full-text index; "
+        "search --hybrid).",
     ),
     address: str = typer.Option(None, "--address", help="Ray: cluster address (default: a local instance)."),
     num_workers: int = typer.Option(
@@ -130,7 +145,8 @@ def encode(
 
     INPUT may be Parquet (a file, a directory of files, or any URI pyarrow opens) with either engine. With
     --engine ray, -o DIR receives part-NNNNN.parquet shards plus manifest.json; a re-run skips the shards
-    written.
+    written. With --engine ray -o DIR.lance (or --output-format lance), the actors write a Lance collection,
+    committed at once: `docembed search DIR.lance` and `index add/remove/update` work on it.
 
     Example: docembed encode docs.jsonl -m glove-avg -o docs.npy
     """
@@ -161,8 +177,10 @@ def encode(
                 "--backend/--precision/--selector/--max-vectors/--max-length/--passage-temperature/--storage "
                 "are for the local engine"
             )
-        if output_format not in (None, "parquet"):
-            raise UsageError("--engine ray writes Parquet shards only (--output-format parquet)")
+        if output_format not in (None, "parquet", "lance"):
+            raise UsageError(
+                "--engine ray writes Parquet shards only, or a Lance collection (--output-format lance)"
+            )
         if reuse:
             raise UsageError("--reuse is for the local engine (a re-run of --engine ray skips done shards)")
         from docembed.engines.ray_engine import RayOptions, encode_with_ray
@@ -180,11 +198,14 @@ def encode(
             long_documents=long,
             overwrite=overwrite,
             options=RayOptions(**{k: v for k, v in ray_flags.items() if v is not None}),
+            output_format=output_format,
+            store_text=store_text,
         )
         return
     if engine != "local":
         raise typer.BadParameter(f"expected local or ray, got {engine!r}", param_hint="--engine")
     given = [name for name, value in ray_flags.items() if value is not None]
+    given += ["store_text"] if store_text else []
     if given:
         raise UsageError(f"--{given[0].replace('_', '-')} needs --engine ray")
 

@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
 @index_app.command("build")
 def build(
     embeddings: str = typer.Argument(
-        ..., help="Embeddings file written by `docembed encode` (with --type bm25: the corpus itself)."
+        ...,
+        help="Embeddings written by `docembed encode` (a file, a shard directory or a Lance collection; with "
+        "--type bm25: the corpus itself).",
     ),
     output: str = typer.Option(..., "--output", "-o", help="Index directory to create."),
     kind: str = typer.Option(
@@ -48,10 +50,12 @@ def build(
         help="bm25: plain (words, lower-cased) | english (+ stopwords out, Snowball stems).",
     ),
     store: str = typer.Option(
-        "faiss",
+        "auto",
         "--store",
-        help="faiss (index.faiss + ids) | lance (a LanceDB table: filters, stored text, hybrid search, "
-        "updates and versions). Lance types: flat | ivf_flat | ivf_pq | ivf_hnsw_sq | ivf_hnsw_pq "
+        help="auto | lance (a LanceDB table: filters, stored text, hybrid search, updates and versions) | "
+        "faiss (index.faiss + ids). auto: lance for one vector per document, faiss for multi-vector "
+        "embeddings (searched many times faster), --storage int8 or --allow-duplicate-ids; an existing "
+        "index keeps its store. Lance types: flat | ivf_flat | ivf_pq | ivf_hnsw_sq | ivf_hnsw_pq "
         "(hnsw, ivf: ivf_hnsw_sq, ivf_flat).",
     ),
     text_from: str = typer.Option(
@@ -65,7 +69,7 @@ def build(
         help="--store lance: scalar fields of the corpus rows to store per id (a,b), for --where.",
     ),
 ) -> None:
-    """Build a faiss index (with ids) over dense or multi-vector embeddings, or a Lance table (--store lance).
+    """Build an index over dense or multi-vector embeddings: a Lance table or a faiss index (--store).
 
     An existing index is replaced with --overwrite, or when EMBEDDINGS is newer than it; a rebuild that
     would undo what `index add` / `index remove` changed since it was built (added documents EMBEDDINGS
@@ -75,28 +79,31 @@ def build(
     """
     from docembed.errors import DocembedError, UsageError
     from docembed.faiss_index import VectorIndex
-    from docembed.io.embeddings import load_embeddings
     from docembed.io.outputs import check_output, directory_output
     from docembed.lance_index import ANY_INDEX_DIRECTORY as INDEX_DIRECTORY  # a Lance folder may go too
     from docembed.runtime import log
 
-    if store not in ("faiss", "lance"):
-        raise UsageError(f"--store is faiss or lance, not {store!r}")
+    if store not in ("auto", "faiss", "lance"):
+        raise UsageError(f"--store is auto, lance or faiss, not {store!r}")
+    if analyzer is not None and kind != "bm25":
+        raise UsageError("--analyzer is for bm25 indexes (--type bm25)")
+    emb = None
+    if store == "auto":
+        check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
+        store, emb = _auto_store(embeddings, output, kind, storage, allow_duplicate_ids, text_from, fields)
     if store == "lance":
         options = (kind, storage, overwrite, allow_duplicate_ids, text_from, fields, id_field, text_field)
-        _build_lance(embeddings, output, *options)
+        _build_lance(embeddings, output, *options, loaded=emb)
         return
     if text_from is not None or fields is not None:
         raise UsageError("--text-from and --fields store text and fields in a Lance index: add --store lance")
     check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
-    if analyzer is not None and kind != "bm25":
-        raise UsageError("--analyzer is for bm25 indexes (--type bm25)")
     if kind == "bm25":
         if storage != "float32":
             raise UsageError("--storage is for faiss indexes; a bm25 index holds sparse weights")
         _build_bm25(embeddings, output, overwrite, allow_duplicate_ids, id_field, text_field, analyzer)
         return
-    emb = load_embeddings(embeddings)
+    emb = emb if emb is not None else _build_input(embeddings)
     duplicates = len(emb.ids) - len(set(emb.ids))
     if duplicates:
         first = next(i for i, n in _counts(emb.ids).items() if n > 1)
@@ -117,16 +124,45 @@ def build(
     log(f"indexed {what} ({kind}, {storage}) -> {output}")
 
 
+def _auto_store(embeddings, output, kind, storage, allow_duplicate_ids, text_from, fields):
+    """(the store `--store auto` picks, the embeddings if they had to be read to pick it). Lance, but faiss
+    where it serves measurably better or Lance cannot: multi-vector sets (bench/bench_multivector.py: the
+    faiss IVF answers 28 queries/s at recall@10 0.92 on 50,000 NUGGET documents, Lance's MaxSim under 1 on
+    20,000 in bench/results/lance.json), int8 storage and repeated ids. Dense search is as fast in Lance
+    (bench/results/lance_dense.json: flat 141 queries/s against faiss' 95). An existing index keeps its
+    store, so a rebuild never changes what other commands find there."""
+    from docembed.faiss_index import KINDS, is_index_dir
+    from docembed.lance_index import is_lance_dir
+
+    if kind == "bm25":
+        return "faiss", None  # the bm25 branch below: a store of its own
+    if text_from is not None or fields is not None or kind not in KINDS or is_lance_dir(output):
+        return "lance", None
+    if storage == "int8" or allow_duplicate_ids or is_index_dir(Path(output)):
+        return "faiss", None
+    emb = _build_input(embeddings)
+    return ("faiss" if emb.is_multi else "lance"), emb
+
+
 def _build_lance(
-    embeddings, output, kind, storage, overwrite, allow_duplicate_ids, text_from, fields, id_field, text_field
+    embeddings,
+    output,
+    kind,
+    storage,
+    overwrite,
+    allow_duplicate_ids,
+    text_from,
+    fields,
+    id_field,
+    text_field,
+    loaded=None,
 ) -> None:
     from docembed.errors import UsageError
-    from docembed.io.embeddings import load_embeddings
 
     if allow_duplicate_ids:
         raise UsageError("a Lance index keys its rows by id: --allow-duplicate-ids is for faiss indexes")
     _write_lance(
-        lambda: load_embeddings(embeddings),
+        (lambda: loaded) if loaded is not None else (lambda: _build_input(embeddings)),
         embeddings,
         output,
         kind,
@@ -137,6 +173,15 @@ def _build_lance(
         id_field,
         text_field,
     )
+
+
+def _build_input(embeddings: str):
+    """What `index build` indexes: an embeddings file or shard directory, or a Lance collection (`encode
+    --engine ray -o X.lance`, `index build --store lance`) read back as its ids, vectors and model."""
+    from docembed.io.embeddings import load_embeddings
+    from docembed.lance_index import is_lance_dataset, load_collection
+
+    return load_collection(embeddings) if is_lance_dataset(embeddings) else load_embeddings(embeddings)
 
 
 def _write_lance(load, source, output, kind, storage, overwrite, text_from, fields, id_field, text_field):
@@ -544,6 +589,13 @@ def search(
         help="Multi-vector faiss index: documents rescored exactly per query, those whose hits promise "
         "most (0: every document hit; default: as recorded at build).",
     ),
+    passages: bool = typer.Option(
+        False,
+        "--passages",
+        help="Add to each hit its best passage for the query: passage [start, end] (character offsets, as "
+        "`rerank --passages` gives them) and passage_text. For an index of passages (sbert-windows, the "
+        "student with --long late-chunks) and the hits' text (a Lance index storing it, or --text-from).",
+    ),
 ) -> None:
     """Nearest documents for each query, as JSONL {query, results: [{id, score}]} on stdout or in -o FILE.
 
@@ -552,6 +604,8 @@ def search(
     Hybrid: docembed search docs.index --lexical-index docs.bm25 -m fusion-dir --query "..."
 
     Lance: docembed search docs.lance --query "..." --where "year >= 2020" --hybrid (stored text in the hits)
+
+    Passages: docembed search windows.index --query "..." --text-from docs.jsonl --passages
     """
     import json
 
@@ -585,6 +639,8 @@ def search(
         raise UsageError(
             "--nprobe, --candidates and --rescore tune a vector index's search, not a bm25 index's"
         )
+    if passages:
+        _check_passages(index, vector_index, lance, text_from, output_format)
     if lance is None and vector_index is not None and resolve_device().startswith("cuda"):
         vector_index.to_gpu()
 
@@ -593,26 +649,56 @@ def search(
     if text_from:
         common.reader(text_from, None, id_field, text_field, False)
     spec = None
-    if vector_index is not None and (query or queries):
+    if vector_index is not None and (query or queries or passages):  # --passages: the model's tokenizer
         spec = model or vector_index.recorded_model()
         if not spec:
             raise UsageError("the index does not record its model: pass --model")
         resolved = common.resolve(spec)
-        if lance is not None and resolved is not None and resolved.kind == "fusion" and not lance.has_text:
-            raise UsageError(f"-m {spec} fuses full-text hits; {index} holds no text (build it --text-from)")
+        own_text = lance is not None and lexical is None  # a Lance index fuses its own full-text hits
+        if own_text and resolved is not None and resolved.kind == "fusion" and not lance.has_text:
+            raise UsageError(
+                f"-m {spec} fuses full-text hits; {index} holds no text (build it --text-from, or give "
+                "a bm25 --lexical-index)"
+            )
 
     def query_items():
         if query_reader is not None:
             return ((d.id, d.text) for d in query_reader)
         return ((str(i), text) for i, text in enumerate(query or []))
 
+    loaded = []
+
+    def query_model():
+        """(the query encoder, the fusion or None), loaded once when first needed."""
+        if not loaded:
+            encoder = common.load(spec)
+            if lance is not None and lexical is None and encoder.family == "fusion":  # its own full text
+                fusion = encoder
+            else:
+                fusion = hybrid_fusion(encoder, lexical)
+            loaded.append((fusion.model if fusion is not None else encoder, fusion))
+            if passages:
+                from docembed.passages import check_passage_model
+
+                check_passage_model(loaded[0][0])
+        return loaded[0]
+
+    def kept(row, query_vectors):
+        """--passages: the row keeps its query's vectors until its hits have their text (_with_passages)."""
+        if passages:
+            row[_QUERY_VECTORS] = query_vectors
+        return row
+
     def rows():
+        if passages:
+            query_model()  # a model without passages is refused before any search
         if lance is not None:
             liked = lance.more_like(more_like, k, where) if more_like else []
         else:
             liked = vector_index.more_like(more_like, k) if more_like else []
         for doc_id, hits in zip(more_like or [], liked, strict=True):
-            yield {"query_id": doc_id, "results": hit_rows(hits)}
+            stored = vector_index.stored(doc_id) if passages else None
+            yield kept({"query_id": doc_id, "results": hit_rows(hits)}, stored)
         if not query and not queries:
             return
         if bm25 is not None:  # lexical first stage: no model
@@ -622,38 +708,69 @@ def search(
             return
         from docembed.encoding import encode_texts
 
-        encoder = common.load(spec)
-        if lance is not None and encoder.family == "fusion":  # its own hybrid: vector and full-text hits
-            fusion = encoder
-        else:
-            fusion = hybrid_fusion(encoder, lexical)
-        if fusion is not None:
-            encoder = fusion.model  # the query vectors; the lexical part's scores from its own index
+        encoder, fusion = query_model()  # a fusion's model part: the query vectors; the lexical part's
+        # scores come from its own index
         for chunk in batched(query_items(), 256):
             texts = [text for _, text in chunk]
             vectors = encode_texts(encoder, texts, batch_size=batch_size)
-            if lance is not None and fusion is not None:
+            if lance is not None and fusion is not None and lexical is None:
                 found = lance.fused_search(texts, vectors, fusion, k, where, depth)
             elif lance is not None and hybrid:
                 found = lance.hybrid_search(texts, vectors, k, where, depth)
-            elif lance is not None:
+            elif lance is not None and lexical is None:
                 found = lance.search(vectors, k, where)
-            else:
+            else:  # a faiss index, or a Lance one beside a bm25 --lexical-index: the same fused search
                 found = search_queries(vector_index, texts, vectors, k, lexical, fusion, depth)
-            for (qid, text), hits in zip(chunk, found, strict=True):
-                yield {"query_id": qid, "query": text, "results": hit_rows(hits)}
+            for i, ((qid, text), hits) in enumerate(zip(chunk, found, strict=True)):
+                query_vectors = vectors.select([i]) if passages else None  # passages: multi-vector
+                yield kept({"query_id": qid, "query": text, "results": hit_rows(hits)}, query_vectors)
 
     found = rows()
     if text_from:
         found = _with_texts(list(found), text_from, id_field, text_field)
     elif lance is not None and lance.has_text:
         found = _with_stored_texts(found, lance)
+    if passages:
+        found = _with_passages(found, vector_index, query_model()[0])
     with common.text_output(output, overwrite, [index, queries, text_from, lexical_index]) as handle:
         for row in found:
             if output_format == "trec":
                 handle.write(trec_lines(row["query_id"], row["results"], run_tag))
             else:
                 handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+_QUERY_VECTORS = "_query_vectors"  # a search row's query vectors, kept for --passages, never written
+
+
+def _check_passages(index, vector_index, lance, text_from, output_format) -> None:
+    """--passages, refused in one line before any model loads: for JSON Lines, an index of passages, and
+    the hits' text (the spans are found in it)."""
+    from docembed.errors import UsageError
+    from docembed.passages import refuse_index_without_passages
+
+    if output_format == "trec":
+        raise UsageError("--passages adds offsets to JSONL rows; a TREC run has no place for them")
+    if vector_index is None:
+        raise UsageError(f"--passages: {index} is a bm25 index, which holds no passages")
+    refuse_index_without_passages(vector_index, index)
+    if text_from is None and (lance is None or not lance.has_text):
+        stores = "was built without --text-from" if lance is not None else "is a faiss index (no text)"
+        raise UsageError(
+            f"--passages finds each passage in its document's text, and {index} {stores}: "
+            "give --text-from CORPUS"
+        )
+
+
+def _with_passages(rows, vector_index, encoder):
+    """Each hit with its best passage for the row's query (docembed.passages.add_passages), per batch."""
+    from docembed.io.readers import batched
+    from docembed.passages import add_passages
+
+    for chunk in batched(rows, 256):
+        queries = [row.pop(_QUERY_VECTORS) for row in chunk]
+        add_passages(chunk, queries, vector_index, encoder)
+        yield from chunk
 
 
 def _lance_for_search(index, where, hybrid, version, lexical_index):
@@ -671,8 +788,9 @@ def _lance_for_search(index, where, hybrid, version, lexical_index):
         if given:
             raise UsageError(f"{', '.join(given)}: for a Lance index (`index build --store lance`)")
         return None
-    if lexical_index is not None:
-        raise UsageError("a Lance index searches its own stored text: --hybrid instead of --lexical-index")
+    if lexical_index is not None and (hybrid or where):
+        # the bm25 index's hits are neither filtered nor the table's own full-text ones
+        raise UsageError("--lexical-index fuses a separate bm25 index: leave out --hybrid and --where")
     lance = LanceIndex.open(index, version)
     if hybrid and not lance.has_text:
         raise UsageError(f"--hybrid needs the documents' text in {index}: build it with --text-from CORPUS")

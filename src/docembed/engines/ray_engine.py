@@ -41,9 +41,9 @@ FORWARDED_ENV = (
     "TRANSFORMERS_NO_ADVISORY_WARNINGS",
     "TOKENIZERS_PARALLELISM",
 )
-RESULT_KEYS = ("index", "rows", "skipped", "seconds", "metadata", "error", "error_code")
+RESULT_KEYS = ("index", "rows", "skipped", "seconds", "metadata", "fragments", "error", "error_code")
 
-__all__ = ["RayOptions", "encode_with_ray"]
+__all__ = ["RayOptions", "encode_with_ray", "writes_lance"]
 
 
 def _dataset(ray, todo: list[dict], plan: Plan, task: dict, workers: int, options: RayOptions):
@@ -81,6 +81,13 @@ def _raise_failure(result: dict, shard: dict) -> None:
     raise RuntimeError(f"encoding {shard['file']} failed in a Ray worker:\n{message}")
 
 
+def writes_lance(output: str, output_format: str | None) -> bool:
+    """Whether -o OUTPUT is a Lance collection: --output-format lance, or a name ending in .lance."""
+    if output_format is not None:
+        return output_format == "lance"
+    return output.rstrip("/").endswith(".lance")
+
+
 def encode_with_ray(
     input: str,
     output: str,
@@ -95,20 +102,58 @@ def encode_with_ray(
     overwrite: bool = False,
     options: RayOptions | None = None,
     long_documents: str | None = None,
+    output_format: str | None = None,
+    store_text: bool = False,
 ) -> dict:
-    """Encode INPUT into the shard directory OUTPUT (layout: docs/ray-engine.md); returns the manifest."""
-    from docembed.runtime import log, progress_bar, settings
-
+    """Encode INPUT into the shard directory OUTPUT, or with `output_format` "lance" (or OUTPUT named
+    *.lance) into a Lance collection (layout: docs/ray-engine.md); returns the manifest (a collection: its
+    summary)."""
     options = options or RayOptions()
+    lance = writes_lance(output, output_format)
     if output == "-":
         raise UsageError("--engine ray writes a directory of Parquet shards: pass -o DIR")
     if input == "-":
         raise UsageError("--engine ray reads a file or a URI (its workers read row ranges), not stdin")
+    if output_format not in (None, "parquet", "lance"):
+        raise UsageError(
+            "--engine ray writes Parquet shards only, or a Lance collection (--output-format lance)"
+        )
+    if store_text and not lance:
+        raise UsageError("--store-text keeps the texts in a Lance collection: add --output-format lance")
     ray = import_ray()
     spec = resolve_input(input, format, id_field, text_field, skip_invalid)
     plan = plan_shards(spec, options.rows_per_shard)
-    out = Path(output)
-    model_source = model_spec(model)
+    task = _task(spec, plan, model_spec(model), ratio, long_documents, batch_size, options)
+    if lance:
+        return _encode_to_lance(
+            ray, plan, {**task, "store_text": store_text}, output, overwrite, options, model
+        )
+    return _encode_to_shards(ray, plan, task, Path(output), overwrite, options, model)
+
+
+def _task(spec, plan: Plan, model_source: str, ratio, long_documents, batch_size: int, options) -> dict:
+    """What every actor needs: the input, the model and how to run it (the output is added by the sink)."""
+    from docembed.runtime import settings
+
+    return {
+        "input": asdict(spec),
+        "files": plan.files,
+        "model": model_source,
+        "ratio": ratio,
+        "long_documents": long_documents,
+        "batch_size": batch_size,
+        "device": settings.device,
+        "seed": settings.seed,
+        "threads": max(1, int(options.cpus_per_worker)),
+        "env": {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ},
+    }
+
+
+def _encode_to_shards(ray, plan: Plan, task: dict, out: Path, overwrite: bool, options, model: str) -> dict:
+    """Parquet shards and manifest.json in OUT; a re-run encodes only the shards not written."""
+    from docembed.runtime import log
+
+    spec = plan.input
     job = {
         # not skip_invalid: a run that stopped on a bad line resumes with --skip-invalid (see prepare_output)
         "input": {
@@ -116,9 +161,9 @@ def encode_with_ray(
             "size": plan.size,
             "rows": plan.rows,
         },
-        "model": model_source,
-        "ratio": ratio,
-        "long_documents": long_documents,
+        "model": task["model"],
+        "ratio": task["ratio"],
+        "long_documents": task["long_documents"],
         "rows_per_shard": options.rows_per_shard,
     }
     manifest = prepare_output(out, job, plan, overwrite)
@@ -130,69 +175,122 @@ def encode_with_ray(
     )
     write_manifest(out, manifest)
     fresh: dict[int, dict] = {}
+    last_write = [time.perf_counter()]
+
+    def record(shard: dict, result: dict) -> None:
+        _mark_done(shard, result)
+        fresh[shard["index"]] = json.loads(str(result["metadata"]))
+        if time.perf_counter() - last_write[0] > MANIFEST_WRITE_INTERVAL_S:
+            write_manifest(out, manifest)
+            last_write[0] = time.perf_counter()
+
     if todo:
-        task = {
-            "input": asdict(spec),
-            "files": plan.files,
-            "model": model_source,
-            "ratio": ratio,
-            "long_documents": long_documents,
-            "batch_size": batch_size,
-            "device": settings.device,
-            "seed": settings.seed,
-            "threads": max(1, int(options.cpus_per_worker)),
-            "env": {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ},
-            "output": str(out.resolve()),
-        }
-        started_ray = connect(ray, options, settings.verbose)
         try:
-            workers = pool_size(ray, options, len(todo))
-            results = iter(_dataset(ray, todo, plan, task, workers, options).iter_rows())
-            total = sum(s["stop"] - s["start"] for s in todo)
-            started = last_write = time.perf_counter()
-            done_rows = 0
-            with progress_bar(
-                f"encode [{model} on {workers} Ray worker(s)]", total=total, unit="documents"
-            ) as bar:
-                try:
-                    for result in results:
-                        shard = shards[int(result["index"])]
-                        if int(result["error_code"]):
-                            _raise_failure(result, shard)
-                        shard.update(
-                            status="done",
-                            rows=int(result["rows"]),
-                            skipped_invalid=int(result["skipped"]),
-                            seconds=round(float(result["seconds"]), 3),
-                        )
-                        fresh[shard["index"]] = json.loads(str(result["metadata"]))
-                        done_rows += shard["stop"] - shard["start"]
-                        bar.advance(shard["stop"] - shard["start"])
-                        bar.update(docs_per_s=done_rows / max(time.perf_counter() - started, 1e-9))
-                        if time.perf_counter() - last_write > MANIFEST_WRITE_INTERVAL_S:
-                            write_manifest(out, manifest)
-                            last_write = time.perf_counter()
-                finally:
-                    close = getattr(results, "close", None)
-                    if close is not None:  # stop the streaming executor now, not at garbage collection
-                        close()
+            _run_shards(ray, todo, plan, {**task, "sink": "parquet", "output": str(out.resolve())}, options,
+                        model, record)  # fmt: skip
         finally:
             write_manifest(out, manifest)  # whatever finished stays done for the next run
-            if started_ray:
-                ray.shutdown()
     finish(out, manifest, fresh)
     if manifest["count"] == 0:
-        raise DocembedError(f"no documents to encode: every line of {input} was invalid")
+        raise DocembedError(f"no documents to encode: every line of {spec.path} was invalid")
     write_manifest(out, manifest)
-    skipped = sum(s["skipped_invalid"] or 0 for s in shards)
+    _log_done(manifest, spec.path, f"{out}/ ({len(shards)} shards, {len(todo)} new)")
+    return manifest
+
+
+def _encode_to_lance(ray, plan: Plan, task: dict, output: str, overwrite: bool, options, model: str) -> dict:
+    """A Lance collection at OUTPUT: each actor writes its shard's rows as uncommitted Lance fragments, and
+    this process commits them all at once, in input order (lance_index.commit_fragments). It is written in
+    a staging folder swapped in at the end, so a failure leaves the previous collection, or none; a re-run
+    encodes everything again (the output rule of `index build`: --overwrite, or an input newer than it)."""
+    from docembed.io.outputs import directory_output
+    from docembed.lance_index import ANY_INDEX_DIRECTORY, commit_fragments, require_pylance
+
+    if "://" in output:
+        raise UsageError("--output-format lance writes a local folder (shared by the workers on a cluster)")
+    require_pylance()  # missing, it fails here in one line, not in every worker after its model loads
+    out = Path(output)
+    shards = [
+        {"index": i, "file": f"input rows [{start}, {stop})", "start": start, "stop": stop}
+        for i, (start, stop) in enumerate(plan.ranges)
+    ]
+    fragments: dict[int, list[str]] = {}
+    fresh: dict[int, dict] = {}
+
+    def record(shard: dict, result: dict) -> None:
+        _mark_done(shard, result)
+        fresh[shard["index"]] = json.loads(str(result["metadata"]))
+        fragments[shard["index"]] = json.loads(str(result["fragments"]))
+
+    with directory_output(out, ANY_INDEX_DIRECTORY, overwrite, inputs=[plan.input.path]) as staging:
+        sink = {**task, "sink": "lance", "output": str(staging.resolve())}
+        _run_shards(ray, shards, plan, sink, options, model, record)
+        summary = {"shards": shards}
+        finish(staging, summary, fresh)  # one model for every shard; its metadata, dim, kind and count
+        if summary["count"] == 0:
+            raise DocembedError(f"no documents to encode: every line of {plan.input.path} was invalid")
+        metadata = {**summary["model"], "dim": summary["dim"], "kind": summary["kind"]}
+        metadata.pop("coverage", None)  # the first shard's: not the collection's
+        in_order = [fragment for index in sorted(fragments) for fragment in fragments[index]]
+        index = commit_fragments(staging, in_order, metadata, text=task["store_text"])
+    summary["version"] = index.version
+    _log_done(
+        summary, plan.input.path, f"{out} (Lance collection, {len(shards)} shards, version {index.version})"
+    )
+    return summary
+
+
+def _mark_done(shard: dict, result: dict) -> None:
+    shard.update(
+        status="done",
+        rows=int(result["rows"]),
+        skipped_invalid=int(result["skipped"]),
+        seconds=round(float(result["seconds"]), 3),
+    )
+
+
+def _log_done(summary: dict, input: str, where: str) -> None:
+    from docembed.runtime import log
+
+    skipped = sum(s["skipped_invalid"] or 0 for s in summary["shards"])
     if skipped:
         log(f"skipped {skipped} invalid line(s) of {input}")
-    shape = f"dim {manifest['dim']}" + (", multi-vector" if manifest["kind"] == "multi" else "")
-    log(
-        f"encoded {manifest['count']} documents with {manifest['model'].get('model')} ({shape}) -> {out}/ "
-        f"({len(shards)} shards, {len(todo)} new)"
-    )
-    return manifest
+    shape = f"dim {summary['dim']}" + (", multi-vector" if summary["kind"] == "multi" else "")
+    log(f"encoded {summary['count']} documents with {summary['model'].get('model')} ({shape}) -> {where}")
+
+
+def _run_shards(ray, todo: list[dict], plan: Plan, task: dict, options, model: str, record) -> None:
+    """Encode the shards `todo` on an actor pool; `record(shard, result)` for each as it finishes. A failed
+    shard ends the run with its error."""
+    from docembed.runtime import progress_bar, settings
+
+    by_index = {s["index"]: s for s in todo}
+    started_ray = connect(ray, options, settings.verbose)
+    try:
+        workers = pool_size(ray, options, len(todo))
+        results = iter(_dataset(ray, todo, plan, task, workers, options).iter_rows())
+        total = sum(s["stop"] - s["start"] for s in todo)
+        started = time.perf_counter()
+        done_rows = 0
+        with progress_bar(
+            f"encode [{model} on {workers} Ray worker(s)]", total=total, unit="documents"
+        ) as bar:
+            try:
+                for result in results:
+                    shard = by_index[int(result["index"])]
+                    if int(result["error_code"]):
+                        _raise_failure(result, shard)
+                    record(shard, result)
+                    done_rows += shard["stop"] - shard["start"]
+                    bar.advance(shard["stop"] - shard["start"])
+                    bar.update(docs_per_s=done_rows / max(time.perf_counter() - started, 1e-9))
+            finally:
+                close = getattr(results, "close", None)
+                if close is not None:  # stop the streaming executor now, not at garbage collection
+                    close()
+    finally:
+        if started_ray:
+            ray.shutdown()
 
 
 # --- the actor --------------------------------------------------------------------------------------------
@@ -224,9 +322,9 @@ class ShardEncoder:
 
     def _encode_shard(self, index: int, start: int, stop: int, offset: int) -> dict:
         from docembed.encoding import coverage_of, encode_documents
-        from docembed.io.embeddings import save_embeddings, shard_file_name
 
-        result = {"index": index, "rows": 0, "skipped": 0, "seconds": 0.0, "metadata": "", "error": ""}
+        result = {"index": index, "rows": 0, "skipped": 0, "seconds": 0.0, "metadata": "", "fragments": "[]"}
+        result["error"] = ""
         if self.failure:
             return {**result, **self.failure}
         started = time.perf_counter()
@@ -239,7 +337,7 @@ class ShardEncoder:
                 allow_empty=True,
                 coverage=coverage_of(self.model),
             )
-            save_embeddings(embeddings, str(Path(self.task["output"]) / shard_file_name(index)), "parquet")
+            fragments = self._write(index, embeddings, documents)
         except Exception as error:
             return {**result, **_failure(error)}
         metadata = dict(
@@ -254,8 +352,22 @@ class ShardEncoder:
             "skipped": skipped,
             "seconds": time.perf_counter() - started,
             "metadata": json.dumps(metadata),
+            "fragments": json.dumps(fragments),
             "error_code": 0,
         }
+
+    def _write(self, index: int, embeddings, documents) -> list[str]:
+        """Write the shard: a Parquet file, or uncommitted Lance fragments (returned, for the driver)."""
+        output = self.task["output"]
+        if self.task["sink"] == "lance":
+            from docembed.lance_index import write_fragments
+
+            texts = {d.id: d.text for d in documents} if self.task["store_text"] else None
+            return write_fragments(output, embeddings, texts)
+        from docembed.io.embeddings import save_embeddings, shard_file_name
+
+        save_embeddings(embeddings, str(Path(output) / shard_file_name(index)), "parquet")
+        return []
 
 
 def _failure(error: Exception) -> dict:

@@ -1,0 +1,93 @@
+"""The passage a search hit matched (`search --passages`, serve's /search "passages": true).
+
+An index built from a model whose vectors are passages (sbert-windows, the student with --long late-chunks)
+holds each document as its passage vectors, and `search` groups passage hits into their documents: one hit
+per document, scored by the smooth maximum over its passages (the passage temperature; the best passage at
+0). A hit's best passage is the one `rerank --passages` picks (scoring.best_passages over the document's
+stored vectors), its span found in the document's text by the model's tokenizer (Encoder.passage_spans),
+so a search and a rerank of the same query and document name the same span. Works on any index with
+`metadata` and `vectors_of(ids)` (faiss_index.VectorIndex, lance_index.LanceIndex).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from docembed.errors import DocembedError, UsageError
+from docembed.scoring import best_passages
+from docembed.types import MultiVectors
+
+PASSAGE_MODELS = "sbert-windows, or a student saved with long_documents late-chunks"
+
+
+def refuse_index_without_passages(index, where: str, option: str = "--passages") -> None:
+    """Refuse, before any model loads, an index whose vectors cannot be passages: one vector per document,
+    or a model family that has no passages. `option`: what asked for passages, named in the error."""
+    metadata = index.metadata
+    model = metadata.get("model_source") or metadata.get("model") or "its model"
+    if metadata.get("kind") != "multi":
+        raise UsageError(
+            f"{option}: {where} holds one vector per document ({model}): its hits have no passages "
+            f"(index the output of {PASSAGE_MODELS})"
+        )
+    if not _family_has_passages(metadata.get("family")):
+        raise UsageError(
+            f"{option}: {where} was built with {model} ({metadata.get('family')}), whose vectors are not "
+            f"passages ({PASSAGE_MODELS})"
+        )
+
+
+def _family_has_passages(family: str | None) -> bool:
+    """Whether a model family can make passage vectors (True when the index does not say which family)."""
+    from docembed.models.families import FAMILY_MODULES, get_family
+
+    if family not in FAMILY_MODULES:
+        return True  # an older or unknown record: the loaded model is checked instead
+    return "passages" in get_family(family).capabilities
+
+
+def check_passage_model(encoder, option: str = "--passages") -> None:
+    """The model that encodes the queries must cut texts into passages as the index's vectors were cut
+    (the rule `rerank --passages` applies)."""
+    supports = getattr(encoder, "supports", None)
+    if not (supports and supports("passages") and encoder.multi_vector and hasattr(encoder, "passage_spans")):
+        name = getattr(encoder, "name", encoder)
+        raise UsageError(
+            f"{option} needs a model whose vectors are passages ({PASSAGE_MODELS}), not {name!r}"
+        )
+
+
+def add_passages(rows: Sequence[dict], queries: Sequence[MultiVectors], index, encoder) -> None:
+    """Give each hit of each search row (`rows[i]["results"]`, hits carrying their "text") the character
+    span of its best passage for the row's query, "passage": [start, end], and that span's "passage_text";
+    both null for a hit without text. `queries[i]`: row i's query vectors (a MultiVectors of one);
+    `index`: a faiss or Lance index holding the hits' passage vectors; `encoder`: the query's model."""
+    for row, query in zip(rows, queries, strict=True):
+        hits = row["results"]
+        if not hits:
+            continue
+        stored = index.vectors_of([hit["id"] for hit in hits])
+        found, _ = best_passages(query[0], stored)  # the rule of `rerank --passages`
+        for hit, span in zip(hits, passage_spans(encoder, hits, found, stored.counts), strict=True):
+            hit["passage"] = span
+            hit["passage_text"] = None if span is None else hit["text"][span[0] : span[1]]
+
+
+def passage_spans(encoder, hits: Sequence[dict], found, counts) -> list[list[int] | None]:
+    """[start, end] of passage found[i] in the text of hits[i] (None without a text or a passage), whose
+    document the index holds as counts[i] passage vectors."""
+    with_text = [i for i, hit in enumerate(hits) if hit.get("text") is not None]
+    spans = dict(zip(with_text, encoder.passage_spans([hits[i]["text"] for i in with_text]), strict=True))
+    result = []
+    for i, hit in enumerate(hits):
+        passage = int(found[i])
+        if i not in spans or passage < 0:
+            result.append(None)
+            continue
+        if len(spans[i]) != counts[i]:  # the text, or the model, is not the one the index was built from
+            raise DocembedError(
+                f"id {hit['id']!r}: the model cuts its text into {len(spans[i])} passage(s), the index holds "
+                f"{counts[i]} vector(s) for it: give the corpus and the model the index was built from"
+            )
+        result.append([int(x) for x in spans[i][passage]])
+    return result
