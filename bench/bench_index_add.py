@@ -63,7 +63,7 @@ def main(
         docembed.save_embeddings(docembed.EmbeddingSet(vectors[:0], [], meta), str(empty))
         for kind in ("flat", "ivf", "hnsw"):
             base = tmp / f"base-{kind}.index"
-            _timed("index", "build", str(tmp / "base.npy"), "-o", str(base), "-t", kind)
+            _timed("index", "build", "--store", "faiss", str(tmp / "base.npy"), "-o", str(base), "-t", kind)
             if "startup_s" not in result:
                 startup = [_timed("index", "add", str(base), str(empty)) for _ in range(repeats)]
                 result["startup_s"] = statistics.median(startup)
@@ -76,7 +76,16 @@ def main(
                 rebuilt = tmp / f"rebuilt-{kind}.index"
                 build_times.append(
                     _timed(
-                        "index", "build", str(tmp / "all.npy"), "-o", str(rebuilt), "-t", kind, "--overwrite"
+                        "index",
+                        "build",
+                        "--store",
+                        "faiss",
+                        str(tmp / "all.npy"),
+                        "-o",
+                        str(rebuilt),
+                        "-t",
+                        kind,
+                        "--overwrite",
                     )
                 )
                 grown_search.append(_timed("search", str(grown), "--id", ids[-1], "-k", "5"))

@@ -8,7 +8,8 @@
    offline) and the new PV model (`docembed encode`), and shows a few documents' nuggets (`docembed inspect`);
 4. compares two texts (`docembed similarity`), reranks the task with every model, BM25 and the fusion
    `tfidf+sbert` (`docembed rerank`) and scores it (MRR);
-5. builds a faiss index and searches it (`docembed index build`, `docembed search`).
+5. builds an index (a Lance collection: the default store) and searches it (`docembed index build`,
+   `docembed search`).
 Zoo models whose weights are not in the package yet are skipped with a message (see `docembed models`).
 Everything is run through the `docembed` command, as a user would; outputs land in runs/demo/.
 """

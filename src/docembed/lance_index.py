@@ -259,7 +259,9 @@ class LanceIndex:
         try:
             marker = json.loads((directory / MARKER).read_text(encoding="utf-8"))
             metadata = marker["metadata"]
-            table = _lancedb().connect(str(directory)).open_table(marker.get("table", TABLE))
+            if marker.get("table", TABLE) != TABLE:  # the one table docembed writes: no name read from a file
+                raise ValueError(f"{MARKER} names the table {marker['table']!r}, not {TABLE!r}")
+            table = _lancedb().connect(str(directory)).open_table(TABLE)
         except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:
             raise DocembedError(f"cannot open the Lance index {directory}: {_one_line(error)}") from None
         if version is not None:
