@@ -330,6 +330,78 @@ def test_a_writer_killed_mid_add_leaves_the_previous_version(capfd, tmp_path):
     assert LanceIndex.open(index).version == before + 1 and len(LanceIndex.open(index)) == 53
 
 
+KILLED_CHANGE = """
+import sys
+import numpy as np
+from docembed import lance_index
+from docembed.types import EmbeddingSet
+
+index, change, count = lance_index.LanceIndex.open(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+print("writing", flush=True)
+if change == "update":  # every row's vector replaced by one recognisable vector
+    index.update(EmbeddingSet(np.ones((count, 32), np.float32), [f"d{i}" for i in range(count)]))
+else:
+    index.remove([f"d{i}" for i in range(0, count, 2)])
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("change", ["update", "remove"])
+def test_a_writer_killed_mid_update_or_remove_leaves_one_version_or_the_next(capfd, tmp_path, change):
+    """Killed at several points of a large update / remove (timed from an uninterrupted run on a copy),
+    the collection opens as the previous version or the next, never a mix, and the next writer commits."""
+    import shutil
+
+    from docembed.lance_index import LanceIndex
+
+    count = 10_000
+    rng = np.random.default_rng(13)
+    emb = _dense(tmp_path / "e.npy", _unit(rng, count), [f"d{i}" for i in range(count)])
+    index = tmp_path / "l"
+    assert invoke(capfd, "-q", "index", "build", emb, "-o", index, "--store", "lance").code == 0
+    script = tmp_path / "change.py"
+    script.write_text(KILLED_CHANGE)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
+    command = [sys.executable, str(script), str(index), change, str(count)]
+
+    def run(killed_after: float | None) -> float:
+        with subprocess.Popen(command, stdout=subprocess.PIPE, env=env) as proc:
+            assert proc.stdout.readline().strip() == b"writing"
+            started = time.monotonic()
+            if killed_after is None:
+                assert proc.stdout.readline().strip() == b"done"
+            else:
+                time.sleep(killed_after)
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(60)
+            return time.monotonic() - started
+
+    pristine = tmp_path / "pristine"
+    shutil.copytree(index, pristine)
+    took = run(None)  # how long the whole change takes here
+    for fraction in (0.3, 0.7):
+        shutil.rmtree(index)
+        shutil.copytree(pristine, index)
+        before = LanceIndex.open(index).version
+        run(took * fraction)
+        after = LanceIndex.open(index)
+        assert after.version in (before, before + 1)
+        ones = np.ones(32, np.float32) / np.sqrt(32)
+        if change == "update":
+            changed = [
+                np.allclose(after.stored(f"d{i}"), ones, atol=1e-6) for i in (0, count // 2, count - 1)
+            ]
+            assert len(after) == count and len(set(changed)) == 1  # all rows replaced, or none
+            assert changed[0] == (after.version == before + 1)
+        else:
+            assert len(after) in (count, count // 2)
+            assert ("d0" in after) == ("d2" in after) == (f"d{count - 2}" in after) == (len(after) == count)
+            assert (len(after) == count // 2) == (after.version == before + 1)
+        more = _dense(tmp_path / "m.npy", _unit(rng, 1), ["n0"])
+        assert invoke(capfd, "-q", "index", "add", index, more).code == 0  # the dead writer's lock is swept
+        assert "n0" in LanceIndex.open(index)
+
+
 def test_a_stale_rebuild_that_would_undo_changes_is_refused(capfd, tmp_path):
     rng = np.random.default_rng(47)
     emb = _dense(tmp_path / "e.npy", _unit(rng, 20), [f"d{i}" for i in range(20)])
