@@ -17,6 +17,7 @@ from cli_helpers import invoke
 from docembed.errors import DocembedError
 from docembed.io.embeddings import load_embeddings
 from docembed.types import l2_normalize
+from test_ray_engine import ray_instance  # noqa: F401 (one Ray for the module)
 
 lance = pytest.importorskip("lance")
 # pylance warns at every fork once imported (Ray starts processes); the tests' own reads fork nothing
@@ -33,14 +34,6 @@ RECORDS = [{"id": f"doc{i}", "text": _text(i)} for i in range(40)]
 
 
 @pytest.fixture(scope="module")
-def ray_instance():
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in RECORDS), encoding="utf-8")
@@ -48,7 +41,7 @@ def corpus(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def collection(ray_instance, corpus, tiny_sbert_dir, tmp_path_factory):
+def collection(ray_instance, corpus, tiny_sbert_dir, tmp_path_factory):  # noqa: F811
     """The corpus as a Lance collection with its texts (3 shards), written once for the module: tests that
     change it change a copy."""
     from docembed.engines.ray_engine import RayOptions, encode_with_ray
@@ -147,7 +140,7 @@ def test_index_build_reads_a_collection(capfd, collection, tmp_path):
         load_collection(tmp_path / "missing.lance")
 
 
-def test_multi_vector_collection_matches_local(capfd, ray_instance, corpus, tiny_sbert_tokens_dir, tmp_path):
+def test_multi_vector_collection_matches_local(capfd, ray_instance, corpus, tiny_sbert_tokens_dir, tmp_path):  # noqa: F811
     from docembed.lance_index import load_collection
 
     out, local_path = tmp_path / "tokens", tmp_path / "local.parquet"

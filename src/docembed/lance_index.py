@@ -443,21 +443,14 @@ class LanceIndex:
     def scores_of(self, query: Vectors, doc_ids: Sequence[str]) -> np.ndarray:
         """The exact score of one query (a batch of one) against each of `doc_ids`, as `search` scores a
         hit: the cosine to the stored vector, or mean-MaxSim (passages smoothed as the model pools them)."""
-        pa = _pa()
-        found = self._rows_table(doc_ids, ["vector"])
-        row_of = {doc: row for row, doc in enumerate(found["id"].to_pylist())} if found is not None else {}
-        missing = next((doc for doc in doc_ids if doc not in row_of), None)
-        if missing is not None:
-            raise DocembedError(f"id {missing!r} is not in the index")
+        stored = self.vectors_of(doc_ids)
         if not doc_ids:
             return np.zeros(0)
-        column = found["vector"].take(pa.array([row_of[doc] for doc in doc_ids], pa.int64()))
         if self.is_multi:
             vectors = l2_normalize(np.asarray(query.vectors, dtype=np.float32))
-            docs = _multi_from_arrow(column, self.dim)
-            return maxsim_one_to_many(vectors, docs, self.passage_temperature).astype(np.float64)
+            return maxsim_one_to_many(vectors, stored, self.passage_temperature).astype(np.float64)
         vector = l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
-        return _dense_from_arrow(column, self.dim).astype(np.float64) @ vector
+        return stored.astype(np.float64) @ vector
 
     def vectors_of(self, doc_ids: Sequence[str]) -> Vectors:
         """The stored vectors of each of `doc_ids`, in order: a MultiVectors for a multi-vector table (each
