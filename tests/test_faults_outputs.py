@@ -161,18 +161,19 @@ def test_a_sidecar_that_is_an_input_is_refused(capfd, model, tmp_path):  # noqa:
     assert not (tmp_path / "notes.npy").exists()
 
 
-@pytest.mark.parametrize("sidecar", ["report.meta.json", "report.offsets.npy"])
-def test_an_unrelated_sidecar_needs_overwrite(capfd, model, tmp_path, sidecar):  # noqa: F811
+@pytest.mark.parametrize("sidecar", ["report.meta.json", "report.offsets.npy", "report.ids.txt"])
+def test_a_sidecar_without_its_set_is_the_users_and_is_kept(capfd, model, tmp_path, sidecar):  # noqa: F811
+    """A file at a sidecar name of report.npy, with no report.npy: not docembed's, so never replaced, not
+    even with --overwrite (a stale report.offsets.npy beside a dense set would read it as multi-vector)."""
     docs = corpus(tmp_path / "docs.jsonl", 3)
     (tmp_path / sidecar).write_text("mine\n")
-    result = invoke(capfd, "-q", "encode", docs, "-m", model, "-o", tmp_path / "report.npy")
-    assert "pass --overwrite" in one_line_error(result.err)
-    assert (tmp_path / sidecar).read_text() == "mine\n"
-    assert (
-        invoke(capfd, "-q", "encode", docs, "-m", model, "-o", tmp_path / "report.npy", "--overwrite").code
-        == 0
-    )
-    assert not load_embeddings(str(tmp_path / "report.npy")).is_multi  # a stale offsets file went with it
+    for extra in ([], ["--overwrite"]):
+        result = invoke(capfd, "-q", "encode", docs, "-m", model, "-o", tmp_path / "report.npy", *extra)
+        assert result.code == 1 and "docembed did not write it" in one_line_error(result.err)
+    assert (tmp_path / sidecar).read_text() == "mine\n" and not (tmp_path / "report.npy").exists()
+    (tmp_path / sidecar).unlink()
+    assert invoke(capfd, "-q", "encode", docs, "-m", model, "-o", tmp_path / "report.npy").code == 0
+    assert not load_embeddings(str(tmp_path / "report.npy")).is_multi
 
 
 @pytest.mark.parametrize("format", ["npy", "jsonl"])

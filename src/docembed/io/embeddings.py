@@ -56,7 +56,7 @@ def check_output_path(
         refuse_sidecar_name(Path(path))
         companions = set_companions(Path(path), format)
         _check_name_lengths(Path(path), companions)
-        check_companions(Path(path), companions, overwrite, inputs)
+        check_companions(Path(path), companions, inputs)
         refuse_foreign_sidecars(Path(path), format)
 
 
@@ -92,7 +92,8 @@ def _check_name_lengths(path: Path, companions: Sequence[Path]) -> None:
 
 def refuse_foreign_sidecars(path: Path, format: str) -> None:
     """A file at a sidecar name of an existing set that the set did not write (its meta.json says what it
-    is: a dense set has no offsets/positions) is the user's: replacing the set must not delete it."""
+    is: a dense set has no offsets/positions) is the user's: replacing the set must not delete it (a file
+    at a sidecar name where there is no set at all: io.outputs.check_companions)."""
     if format != "npy" or not path.is_file():
         return
     try:

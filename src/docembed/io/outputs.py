@@ -8,8 +8,8 @@ recipe). The staleness rule is `is_stale`, for files and for directory
 outputs of a known kind alike (an index, a fitted model): only the --overwrite it stands in for changes.
 
 Every file of an output set obeys the rule, sidecars included (`x.ids.txt`, `x.meta.json`, `x.offsets.npy`
-... of `x.npy`): a sidecar that is an input is refused; an existing one needs --overwrite unless the set it
-belongs to is being replaced; when a set is replaced, the sidecars of the old set that the new one does not
+... of `x.npy`): a sidecar that is an input is refused, and so is an existing one beside no set (it is the
+user's, --overwrite or not); when a set is replaced, the sidecars of the old set that the new one does not
 write are removed with it (a dense set written over a multi-vector one reads back dense); a file at a
 sidecar name that the old set did not write (its meta.json says what it is) is refused, never removed.
 
@@ -180,12 +180,11 @@ def _refuse_foreign_entries(target: Path, kind: DirectoryKind | None) -> None:
             )
 
 
-def check_companions(
-    main: Path, companions: Sequence[Path], overwrite: bool, inputs: Sequence[str | Path] = ()
-) -> None:
+def check_companions(main: Path, companions: Sequence[Path], inputs: Sequence[str | Path] = ()) -> None:
     """The rule for the other files of the set whose main file is `main` (its sidecars): none may be an input
-    or other than a regular file; an existing one needs --overwrite unless `main` exists (and so passed the
-    rule: the old set, sidecars included, is being replaced)."""
+    or other than a regular file, and where `main` does not exist none may exist, --overwrite or not: a set's
+    sidecars are renamed into place and removed with its main file, so one without it is the user's. Where
+    `main` exists it passed the rule: the old set, sidecars included, is being replaced."""
     replacing_a_set = Path(main).exists()
     for path in companions:
         path = Path(path)
@@ -202,9 +201,10 @@ def check_companions(
             raise DocembedError(f"cannot write {path}: {error.strerror}") from None
         if not stat.S_ISREG(info.st_mode):
             raise DocembedError(f"output {path} (written with {main.name}) is not a regular file: refused")
-        if not (overwrite or replacing_a_set):
+        if not replacing_a_set:
             raise DocembedError(
-                f"output exists: {path} (written with {main.name}; pass --overwrite to replace it)"
+                f"{path} is there without {main.name}, so docembed did not write it: move it away or choose "
+                "another output"
             )
 
 
@@ -495,7 +495,7 @@ class OutputSet:
         others = [*self.companions, *sorted(written - {self.main, *self.companions})]
         with output_lock(self.main):
             check_output(self.main, self.overwrite, inputs=self.inputs)
-            check_companions(self.main, others, self.overwrite, self.inputs)
+            check_companions(self.main, others, self.inputs)
             if self.main.exists():
                 self.main.unlink()
             # sidecars first, the main file last: its presence means the whole set is there
