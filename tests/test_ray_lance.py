@@ -140,6 +140,7 @@ def test_index_build_reads_a_collection(capfd, collection, tmp_path):
         load_collection(tmp_path / "missing.lance")
 
 
+@pytest.mark.slow  # a Ray run of its own: 40 s on a shared 2-core machine (make test-all)
 def test_multi_vector_collection_matches_local(capfd, ray_instance, corpus, tiny_sbert_tokens_dir, tmp_path):  # noqa: F811
     from docembed.lance_index import load_collection
 
@@ -157,6 +158,7 @@ def test_multi_vector_collection_matches_local(capfd, ray_instance, corpus, tiny
     assert found.code == 0 and json.loads(found.out)["results"][0]["id"] == "doc9", found.err
 
 
+@pytest.mark.slow  # two failing Ray runs: 85 s on a shared 2-core machine (make test-all)
 def test_a_failing_worker_commits_nothing(capfd, collection, tiny_sbert_dir, tmp_path):
     source, out = tmp_path / "bad.jsonl", tmp_path / "docs.lance"
     lines = [json.dumps(r) for r in RECORDS]

@@ -334,9 +334,7 @@ class EmbeddingService:
         if missing is not None:
             raise BadRequest(f"id {missing!r} is not in the index", HTTPStatus.NOT_FOUND)
         lance = isinstance(index, LanceIndex)
-        if (
-            lance and lexical is not None and (where or hybrid)
-        ):  # the bm25 hits are neither filtered nor its own
+        if lance and lexical is not None and (where or hybrid):  # the bm25 hits: neither filtered nor its own
             raise BadRequest('--lexical-index fuses a separate bm25 index: leave out "where" and "hybrid"')
         liked = (index.more_like(ids, k, where) if lance else index.more_like(ids, k)) if ids else []
         rows = [
