@@ -12,7 +12,7 @@ One thread (OMP, faiss, LANCE_CPU_THREADS), in this process, through the Python 
 - add 1 % vs rebuild at 101 % (flat; Lance's add is one commit, its compaction folds the rows in).
 Multi-vector: faiss flat (today's: every vector indexed, candidates rescored) and Lance flat (its MaxSim
 over every document); Lance's multivector IVF_PQ only with --quick (its build is ~10 min at full size).
-Writes bench/results/lance.json (summary only; "quick" says which sizes).
+Writes bench/results/lance.json (summary only); a --quick run writes only to the folder it is given.
 
     .venv/bin/python bench/bench_lance.py --quick     # 10,000 dense, 2,000 multi-vector documents
     .venv/bin/python bench/bench_lance.py             # the sizes above
@@ -369,8 +369,15 @@ def main(out_dir: pathlib.Path | None = None, full: bool = False, quick: bool = 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     result["quick"] = quick
-    target = BENCH_DIR / "results" / "lance.json"  # "quick" in it says which sizes
-    target.write_text(json.dumps(result, indent=2) + "\n")
+    # a quick run (a check) never replaces the committed summary: it goes to its own folder, if one is given
+    target = (
+        BENCH_DIR / "results" / "lance.json"
+        if not quick
+        else out_dir and pathlib.Path(out_dir) / "lance.json"
+    )
+    if target:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 
