@@ -244,6 +244,7 @@ def test_saved_sbert_round_trip(tmp_path):
     np.testing.assert_allclose(a.vectors, b.vectors, atol=1e-6)
 
 
+@pytest.mark.slow  # 29 s here; streamed long texts: tests/test_faults_round3c.py (make test-all)
 def test_huge_document_is_embedded(capfd, tmp_path):
     src = tmp_path / "big.txt"
     # a ~300 KB line: sbert reads it whole, ~240 windows (the streamed path of a larger one is tested in

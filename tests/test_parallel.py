@@ -73,6 +73,7 @@ def test_options_reach_every_worker(capfd, tmp_path, corpus, minilm_tokenizer):
     assert many.data.counts.sum() > default_ratio.data.counts.sum()  # r = 0.5 keeps more than r = 0.25
 
 
+@pytest.mark.slow  # two int8 exports in worker processes, 37 s here (make test-all)
 def test_int8_workers_share_one_export_and_give_the_bytes_of_one(capfd, tmp_path, corpus, minilm_tokenizer):
     """--precision int8 in every worker: converted once (by the parent), read from the cache by each."""
     pytest.importorskip("openvino")

@@ -126,6 +126,7 @@ def test_dense_matches_local_and_rerun_skips_written_shards(
     assert result.code == 1 and "different job" in result.err and "rows_per_shard" in result.err
 
 
+@pytest.mark.slow  # a Ray run of its own, 37 s here; multi-vector encoding is tested locally (make test-all)
 def test_multi_vector_from_parquet_matches_local(
     capfd, ray_instance, corpus, tiny_sbert_tokens_dir, tmp_path
 ):
