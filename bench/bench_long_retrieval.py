@@ -59,7 +59,10 @@ ENCODERS = {
     "static": ("static", {}),
     "sbert-windows": ("sbert-windows", {}),
     "student-late-chunks": ("student", {"long_documents": "late-chunks", "normalize": False}),
+    "retriever": ("retriever", {}),  # MiniLM's windows, fine-tuned to find the part (train-retriever)
 }
+# the family name of each multi-vector encoding's passage configurations
+PASSAGE_FAMILY = {"sbert-windows": "sbert", "student-late-chunks": "student", "retriever": "retriever"}
 LEXICAL = ("tfidf", "bm25", "bm25-english")
 NG_QUERY_WORDS = 30
 NG_POSTS_PER_DOC = 12
@@ -234,10 +237,12 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
         first = {side: v.vectors[v.offsets[:-1]] for side, v in vectors.items()}  # each text's first window
         out["sbert --long truncate"] = cosine_matrix(first["queries"], first["candidates"])
         out["sbert-chunks"] = cosine_matrix(queries.mean(), candidates.mean())
+    if label == "retriever":
+        out["retriever-chunks"] = cosine_matrix(queries.mean(), candidates.mean())
     if label == "student-late-chunks":  # the student's default, from the same pass
         defaults = {side: student_default(v, texts[side], tokenizer) for side, v in vectors.items()}
         out["student"] = cosine_matrix(defaults["queries"], defaults["candidates"])
-    base = "sbert" if label == "sbert-windows" else "student"
+    base = PASSAGE_FAMILY[label]
     for temperature in TEMPERATURES:
         name = f"{base} passages max" if temperature == 0 else f"{base} passages t={temperature}"
         out[name] = np.stack(
@@ -249,8 +254,8 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
 def fused_models(rr: dict) -> list[str]:
     """The model configurations fused with the lexical rules: the whole-document defaults (sbert-chunks, the
     student) and each family's passage scoring at the temperature best on val (mean over the val tasks)."""
-    chosen = [m for m in ("sbert-chunks", "student") if m in rr]
-    for family in ("sbert", "student"):
+    chosen = [m for m in ("sbert-chunks", "student", "retriever-chunks") if m in rr]
+    for family in ("sbert", "student", "retriever"):
         passages = [m for m in rr if m.startswith(f"{family} passages")]
         if passages:
             chosen.append(max(passages, key=lambda m: np.mean([v.mean() for v in rr[m]["val"].values()])))

@@ -41,6 +41,7 @@ COMMAND_MODULES = [
     "train_distill",
     "train_quickthoughts",
     "train_setenc",
+    "train_retriever",
     "distill_static",
     "plot",
     "serve",

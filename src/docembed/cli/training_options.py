@@ -34,12 +34,14 @@ class LoopOptions:
     eval_tasks: str | None = None  # not TrainConfig's: they build the validation hook
     eval_limit: int | None = None
     save_last: bool = False
+    # not an option: the command validates on data of its own (train-retriever's --val), not --eval-task
+    own_validation: bool = False
 
     def __post_init__(self):
         # Checked before the command loads data or models, not after the first N steps.
         from docembed.errors import UsageError
 
-        if self.eval_every and not self.eval_tasks:
+        if self.eval_every and not self.eval_tasks and not self.own_validation:
             raise UsageError("--eval-every needs --eval-task (e.g. --eval-task stsb-dev)")
         if self.eval_tasks:
             from docembed.evaluation.validation import selection_tasks
@@ -107,9 +109,10 @@ _OPTIONS = {
 OPTION_NAMES = [names[0] for _, names, _ in _OPTIONS.values()]
 
 
-def loop_options(**defaults):
+def loop_options(own_validation: bool = False, **defaults):
     """Decorator for a train-* command `def command(..., loop: LoopOptions)`: adds the shared options to its
-    CLI (defaults from LoopOptions unless given here, e.g. `lr=5e-4`) and passes them as `loop`."""
+    CLI (defaults from LoopOptions unless given here, e.g. `lr=5e-4`) and passes them as `loop`.
+    `own_validation`: the command validates on data of its own, so --eval-every does not need --eval-task."""
     unknown = set(defaults) - set(_OPTIONS)
     if unknown:
         raise TypeError(f"not loop options: {sorted(unknown)}")
@@ -132,7 +135,7 @@ def loop_options(**defaults):
         def wrapper(*args, **kwargs):
             values = {name: kwargs.pop(name, getattr(base, name)) for name in _OPTIONS}
             _check_training_output(kwargs.get("output") or kwargs.get("output_dir"), kwargs.get("corpus"))
-            return command(*args, loop=LoopOptions(**values), **kwargs)
+            return command(*args, loop=LoopOptions(**values, own_validation=own_validation), **kwargs)
 
         hints = {k: v for k, v in command.__annotations__.items() if k not in ("loop", "return")}
         wrapper.__annotations__ = {**hints, **{name: spec[0] for name, spec in _OPTIONS.items()}}

@@ -113,6 +113,23 @@ class SBertEncoder(Encoder):
         self.device = device
         self._runner = None  # built on first use: `to()` and `set_inference()` may still change it
 
+    # --- built from MiniLM (the zoo's `retriever` and train-retriever start here) -----------------------
+    @classmethod
+    def offline_base(cls, config: dict) -> str | None:
+        name = str(config.get("model_name_or_path", "")).removeprefix("sentence-transformers/")
+        return "minilm" if name == "all-MiniLM-L6-v2" else None
+
+    @classmethod
+    def from_base(cls, config, files: Path | None = None, seed: int = 0) -> SBertEncoder:
+        """all-MiniLM-L6-v2 from its offline package, with the trained model's settings (nothing is drawn at
+        random: `seed` is unused)."""
+        config = config if isinstance(config, SBertConfig) else SBertConfig.from_dict(config)
+        return cls(config)
+
+    @property
+    def weights_module(self):
+        return self.model
+
     def set_inference(self, backend: str | None = None, precision: str | None = None) -> SBertEncoder:
         """Choose the engine and precision the transformer runs with (see inference_backends)."""
         backend = backend or self.config.backend
