@@ -23,6 +23,7 @@ Embeddings are cached under runs/long_retrieval/ by model and task text (a rerun
 configurations without encoding again); the summary goes to bench/results/long_retrieval.json.
 
     .venv/bin/python bench/bench_long_retrieval.py [--encoders sbert-windows,student] [--ng-docs 150]
+    .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --encode-only val   # fill the cache
     .venv/bin/python bench/run.py --only long_retrieval
 """
 
@@ -381,8 +382,21 @@ if __name__ == "__main__":
     parser.add_argument("--encoders", help=f"comma-separated, of {', '.join(ENCODERS)} (default: all)")
     parser.add_argument("--ng-docs", type=int, default=150, help="joined 20 Newsgroups documents per split")
     parser.add_argument("--out", type=pathlib.Path, default=OUT)
+    parser.add_argument(
+        "--encode-only",
+        choices=SPLITS,
+        help="only encode this split into the cache and stop (run val and test in two processes, then a "
+        "plain run scores everything from the cache)",
+    )
     args = parser.parse_args()
     chosen = args.encoders.split(",") if args.encoders else None
+    if args.encode_only:
+        tasks = build_tasks(args.ng_docs)
+        for label in chosen or list(ENCODERS):
+            for task, by_split in tasks.items():
+                queries, candidates = by_split[args.encode_only]
+                encoded(label, task, args.encode_only, {"queries": queries, "candidates": candidates}, {})
+        sys.exit(0)
     result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out)
     for label, row in result["models"].items():
         print(f"{label:50s} val {row['mean']['val']:6.2f}  test {row['mean']['test']:6.2f}")

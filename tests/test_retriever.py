@@ -182,6 +182,14 @@ def test_train_retriever_refuses_before_a_model_loads(tmp_path, capfd, monkeypat
     assert result.code == 2 and message in result.err and len(result.err.strip().splitlines()) == 1
 
 
+def test_train_retriever_says_why_short_documents_give_no_examples(tiny_sbert_dir, tmp_path, capfd):
+    short = tmp_path / "short.jsonl"
+    short.write_text("".join(json.dumps({"id": f"d{i}", "text": "a short text"}) + "\n" for i in range(4)))
+    base = tiny_sbert_dir / "sentence_transformer"
+    result = invoke(capfd, "train-retriever", short, "-o", tmp_path / "m", "--base", base)
+    assert result.code == 2 and "4 documents gave 0 training examples" in result.err
+
+
 def test_train_retriever_names_a_corpus_that_is_not_jsonl(tmp_path, capfd):
     bad = tmp_path / "train.jsonl"
     bad.write_text("not json\n")

@@ -322,12 +322,12 @@ class BM25Scorer(FittedBaseline):
 
     def score_matrix(self, queries: Sequence[str], candidates: Sequence[str], embed=None) -> np.ndarray:
         """BM25 of every candidate for every query, (len(queries), len(candidates)) float32: the candidates
-        are tokenized once into a term-count matrix, each query reads its terms' columns. (`embed` is the
-        scorers' shared signature: a fusion embeds its model part with it; BM25 has none.)"""
+        are tokenized once into a sparse matrix of their terms' BM25 weights, and the queries' distinct terms
+        (a sparse 0/1 matrix) multiply it, so the cost follows the terms shared, not queries x candidates.
+        (`embed` is the scorers' shared signature: a fusion embeds its model part with it; BM25 has none.)"""
         from scipy.sparse import csr_matrix
 
         self._check_fitted()
-        k1, b = self.config.k1, self.config.b
         vocab: dict[str, int] = {}
         indptr, indices, counts, lengths = [0], [], [], []
         for text in candidates:
@@ -337,18 +337,29 @@ class BM25Scorer(FittedBaseline):
                 counts.append(count)
             indptr.append(len(indices))
             lengths.append(sum(tf.values()))
-        shape = (len(candidates), max(len(vocab), 1))
-        tf = csr_matrix((np.asarray(counts, dtype=np.float64), indices, indptr), shape=shape).tocsc()
-        lengths = np.asarray(lengths, dtype=np.float64)[:, None]
-        scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
-        for row, query in enumerate(queries):
-            terms = sorted(t for t in set(self.terms(query)) if t in vocab)
-            if not terms:
-                continue
-            found = tf[:, [vocab[t] for t in terms]].toarray()  # (candidates, query terms)
-            idf = bm25_idf([self.doc_freq.get(t, 0) for t in terms], self.num_docs)
-            scores[row] = bm25_weight(found, lengths, idf, self.avg_len, k1, b).sum(axis=1)
-        return scores
+        width = max(len(vocab), 1)
+        terms = sorted(vocab, key=vocab.get)
+        idf = bm25_idf([self.doc_freq.get(t, 0) for t in terms], self.num_docs) if terms else np.zeros(0)
+        rows = np.repeat(np.arange(len(candidates)), np.diff(indptr))
+        indices = np.asarray(indices, dtype=np.int64)
+        weights = bm25_weight(
+            np.asarray(counts, dtype=np.float64),
+            np.asarray(lengths, dtype=np.float64)[rows],
+            idf[indices],
+            self.avg_len,
+            self.config.k1,
+            self.config.b,
+        )
+        weights = csr_matrix((weights, indices, indptr), shape=(len(candidates), width))
+        q_indptr, q_indices = [0], []
+        for query in queries:
+            q_indices += sorted({vocab[t] for t in self.terms(query) if t in vocab})
+            q_indptr.append(len(q_indices))
+        found = csr_matrix(
+            (np.ones(len(q_indices)), np.asarray(q_indices, dtype=np.int64), q_indptr),
+            shape=(len(queries), width),
+        )
+        return (found @ weights.T).toarray().astype(np.float32)
 
     def encode(self, texts: Sequence[str], batch_size: int = 32):
         raise UsageError(

@@ -31,9 +31,11 @@ from torch import nn
 from docembed.losses.in_batch_contrastive import InBatchContrastiveLoss
 from docembed.models.sbert import SBertConfig
 from docembed.runtime import log
+from docembed.training.document_pairs import PASSAGE_LINES
 from docembed.training.loop import Recipe, TrainConfig
 from docembed.training.retrieval_pairs import (
     KINDS,
+    LEAD_WORDS,
     RetrievalDocument,
     RetrievalExample,
     RetrieverTraining,
@@ -219,12 +221,23 @@ def fit_retriever(
 
     seed_everything(loop.seed)
     loop = dataclasses.replace(loop, output_dir=str(output))
+    from docembed.errors import UsageError
+
     examples = make_examples(documents, kinds, training.per_document, training.window_words, loop.seed)
+    if len(examples) < 2:
+        raise UsageError(
+            f"{len(documents)} documents gave {len(examples)} training examples: a view needs a document "
+            f"of {2 * LEAD_WORDS} words or more (part: {PASSAGE_LINES + 1} lines or more; summary: a summary "
+            "field)"
+        )
     if training.hard_negatives:
         log(f"retriever: mining a BM25 negative for each of {len(examples)} examples")
         examples = mine_negatives(examples, seed=loop.seed)
     encoder = SBertEncoder(config, device="cpu")
-    recipe = RetrieverRecipe(examples, encoder, training, seed=loop.seed)
+    try:
+        recipe = RetrieverRecipe(examples, encoder, training, seed=loop.seed)
+    except ValueError as error:  # no group of two examples, a bad --train-layers: the caller's settings
+        raise UsageError(str(error)) from None
     hooks = {}
     if validation_documents:
         held_out = make_examples(validation_documents, kinds, 1, training.window_words, loop.seed + 1)
