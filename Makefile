@@ -28,11 +28,12 @@ install-mpnet: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python scripts/demo.py
 
+# One pytest worker per core (at most 4), one torch thread each; the Ray tests share one worker.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadgroup
 
 test-all: $(STAMP)
-	$(BIN)/python -m pytest -q -m ""
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m "" -n auto --maxprocesses 4 --dist loadgroup
 
 # The leaderboard: every built-in and baseline on every task, one table in docs/results.md.
 bench: $(STAMP)

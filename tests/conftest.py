@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -12,6 +13,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def _isolated_home(tmp_path_factory, monkeypatch):
     """Each test gets its own models home, so nothing leaks into ~/.cache."""
     monkeypatch.setenv("DOCEMBED_HOME", str(tmp_path_factory.mktemp("docembed_home")))
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_kept():
+    """An in-process `encode --threads N` (a docs example, a CLI test) sets torch's threads for the rest of
+    the process: put them back, so later tests do not oversubscribe the machine (or run slower than set)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    if before is None:  # torch came in during the test: its default is OMP_NUM_THREADS when that is set
+        value = os.environ.get("OMP_NUM_THREADS", "")
+        before = int(value) if value.isdigit() and int(value) > 0 else None
+    if before is not None and torch.get_num_threads() != before:
+        torch.set_num_threads(before)
 
 
 # --- tiny models, built once per session -----------------------------------------------------------------

@@ -17,6 +17,8 @@ from cli_helpers import invoke
 from docembed.errors import DocembedError
 from docembed.io.embeddings import load_embeddings
 
+pytestmark = pytest.mark.xdist_group("ray")  # one local Ray at a time (make test runs pytest-xdist)
+
 WORDS = ["cat", "dog", "bank", "river", "rate", "market", "music", "film", "rain", "sun", "tree", "city"]
 
 

@@ -21,7 +21,10 @@ from test_ray_engine import ray_instance  # noqa: F401 (one Ray for the module)
 
 lance = pytest.importorskip("lance")
 # pylance warns at every fork once imported (Ray starts processes); the tests' own reads fork nothing
-pytestmark = pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:lance is not fork-safe:UserWarning"),
+    pytest.mark.xdist_group("ray"),  # one local Ray at a time (make test runs pytest-xdist)
+]
 
 WORDS = ["cat", "dog", "bank", "river", "rate", "market", "music", "film", "rain", "sun", "tree", "city"]
 

@@ -29,6 +29,7 @@ def train_retriever(
         None, "--val", help="Validation documents (same format): validate on them and keep the best weights."
     ),
     text_field: str = common.TEXT_FIELD,
+    limit: int = typer.Option(None, "--limit", min=2, help="Train on the first N documents only."),
     base: str = typer.Option("all-MiniLM-L6-v2", "--base", help="The sentence-transformers model to tune."),
     kinds: str = typer.Option(
         "part,next,lead,summary",
@@ -85,7 +86,7 @@ def train_retriever(
     from docembed.training.retrieval_pairs import read_documents
     from docembed.training.retriever_recipe import fit_retriever
 
-    documents = read_documents(corpus, text_field)
+    documents = read_documents(corpus, text_field)[:limit]
     held_out = read_documents(val, text_field) if val else []
     training = RetrieverTraining(
         batch_size=batch_size,

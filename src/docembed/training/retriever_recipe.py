@@ -54,6 +54,11 @@ def embed(network: nn.Module, tokenizer, texts: Sequence[str], max_length: int) 
     return network(features)["sentence_embedding"]
 
 
+def kind_counts(examples: Sequence[RetrievalExample]) -> dict[str, int]:
+    kinds = [e.kind for e in examples]
+    return {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+
+
 class RetrieverObjective(nn.Module):
     """forward(batch of texts) -> {"loss", "pair_acc"}: the contrastive loss of the batch's queries against
     its windows (and its mined negatives)."""
@@ -110,7 +115,7 @@ class RetrieverRecipe(Recipe):
         if not self.groups:
             raise ValueError("need at least 2 training examples in one group (in-batch negatives)")
         trainable = freeze_below(encoder.model, training.train_layers)
-        kinds = {k: sum(e.kind == k for e in self.examples) for k in sorted({e.kind for e in self.examples})}
+        kinds = kind_counts(self.examples)
         log(
             f"retriever: {len(self.examples)} examples ({', '.join(f'{n} {k}' for k, n in kinds.items())}) "
             f"in {len(self.groups)} groups; {trainable:,} parameters train "
@@ -151,7 +156,7 @@ class RetrieverRecipe(Recipe):
     def save(self, directory: Path) -> None:
         self.encoder.model.eval()
         self.encoder.save(directory)
-        kinds = {k: sum(e.kind == k for e in self.examples) for k in sorted({e.kind for e in self.examples})}
+        kinds = kind_counts(self.examples)
         settings = {
             **asdict(self.training),
             "seed": self.seed,
