@@ -141,6 +141,7 @@ def test_train_retriever_end_to_end_trains_the_top_layer_only(tiny_sbert_dir, tm
     base = str(tiny_sbert_dir / "sentence_transformer")
     args = ["--seed", "0", "train-retriever", str(train), "--val", str(val), "-o", str(out), "--base", base]
     args += ["--train-layers", "1", "-b", "4", "--max-steps", "3", "--eval-every", "2", "--lr", "1e-3"]
+    args += ["--passage-temperature", "0.05"]
     result = CliRunner().invoke(app, ["-q", *args])
     assert result.exit_code == 0, result.output
     logged = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
@@ -155,7 +156,7 @@ def test_train_retriever_end_to_end_trains_the_top_layer_only(tiny_sbert_dir, tm
     assert changed and all(k.startswith("encoder.layer.1.") for k in changed)  # the top of 2 layers
 
     model = docembed.load(str(out))
-    assert model.encoder.config.output == "windows"
+    assert model.encoder.config.output == "windows" and model.encoder.config.passage_temperature == 0.05
     vectors = model.encode(["rocket orbit launch", "hockey puck goal"])
     assert vectors.offsets.tolist() == [0, 1, 2]
     np.testing.assert_allclose(np.linalg.norm(vectors.vectors, axis=1), 1.0, atol=1e-5)
@@ -167,6 +168,7 @@ def test_train_retriever_end_to_end_trains_the_top_layer_only(tiny_sbert_dir, tm
         (["--kinds", "part,title"], "--kinds"),
         (["--eval-every", "5"], "--val"),
         (["--eval-task", "stsb-dev"], "--val, not --eval-task"),
+        (["--passage-temperature", "-1"], "passage_temperature is between 0"),
     ],
 )
 def test_train_retriever_refuses_before_a_model_loads(tmp_path, capfd, monkeypatch, extra, message):

@@ -49,6 +49,12 @@ def train_retriever(
     window_words: int = typer.Option(
         DEFAULTS.window_words, "--window-words", min=10, help="Words per window."
     ),
+    passage_temperature: float = typer.Option(
+        0.0,
+        "--passage-temperature",
+        help="How the saved model pools a document's windows when it scores (0: the best window; more: "
+        "smoother); recorded in its config, not used in training.",
+    ),
     hard_negatives: bool = typer.Option(
         DEFAULTS.hard_negatives,
         "--hard-negatives/--no-hard-negatives",
@@ -86,6 +92,7 @@ def train_retriever(
     from docembed.training.retrieval_pairs import read_documents
     from docembed.training.retriever_recipe import fit_retriever
 
+    config = SBertConfig(model_name_or_path=base, output="windows", passage_temperature=passage_temperature)
     documents = read_documents(corpus, text_field)[:limit]
     held_out = read_documents(val, text_field) if val else []
     training = RetrieverTraining(
@@ -95,7 +102,6 @@ def train_retriever(
         window_words=window_words,
         hard_negatives=hard_negatives,
     )
-    config = SBertConfig(model_name_or_path=base, output="windows")
     loop_config = loop.train_config(output, settings.seed, resolve_device())
     fit_retriever(documents, config, output, training, loop_config, held_out, chosen)
     log(f"saved the retriever -> {output}")

@@ -30,9 +30,10 @@ NEGATIVE_DEPTH = 10
 MINING_BLOCK = 1024  # queries scored against every window at once (a block's scores: 4 bytes each)
 
 
-# train-retriever's loop settings: a few hundred steps of a pretrained model (a CPU hour), so a short
-# warm-up and a learning rate between sentence-transformers' fine-tuning default (2e-5) and 5e-5.
-RETRIEVER_LOOP: dict = {"lr": 3e-5, "warmup_steps": 30, "eval_every": 0, "save_every": 50}
+# train-retriever's loop settings: a few hundred steps of three layers of a pretrained model (a CPU hour).
+# 1e-4 was chosen on the held-out documents of the shipped model's run: at 3e-5 (sentence-transformers'
+# fine-tuning rate) validation MRR stayed at 0.786 from step 45 to 90; at 1e-4 it reached 0.803 by step 200.
+RETRIEVER_LOOP: dict = {"lr": 1e-4, "warmup_steps": 20, "eval_every": 0, "save_every": 50}
 
 
 @dataclass

@@ -151,6 +151,7 @@ CHECKS = {
     "student": {"task": "stsb", "limit": 40, "metric": "spearman"},  # pads every text to 256 tokens: slow
     "quickthoughts": {"task": "stsb", "limit": 300, "metric": "spearman"},
     "static": {"task": "stsb", "limit": 1000, "metric": "spearman"},
+    "sbert": {"task": "stsb", "limit": 300, "metric": "spearman"},  # the retriever
 }
 CHECK_TOLERANCE = 0.5  # points (x100): covers BLAS and thread-count differences, not a broken export
 
