@@ -157,7 +157,7 @@ RECIPES: dict[str, dict | None] = {
                 "--seed", "0", "--device", "cpu", "train-retriever", "{runs}/retriever-corpus/train.jsonl",
                 "--val", "{runs}/retriever-corpus/val.jsonl", "-o", "{out}",
                 "--max-steps", "300", "--decay-steps", "150", "--eval-every", "40", "--time-budget", "3600",
-                "--log-every", "5",
+                "--log-every", "5", "--passage-temperature", "0.01",
             ],
         ],
         "drop": [],

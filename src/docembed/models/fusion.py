@@ -40,7 +40,9 @@ DEFAULT_WEIGHT = 0.5
 # Newsgroups posts; z-score, which beat RRF there), so one default holds across kinds of text; any other
 # pair gets DEFAULT_WEIGHT. `docembed fit fusion --validation` chooses one on the user's own queries.
 VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
-    ("tfidf", "sbert-windows"): 0.65,  # the recommended long-document search
+    ("tfidf", "retriever"): 0.55,  # the recommended long-document search
+    ("bm25", "retriever"): 0.7,
+    ("tfidf", "sbert-windows"): 0.65,
     ("bm25", "sbert-windows"): 0.75,
     ("tfidf", "sbert"): 0.8,  # sbert reads a long document as sbert-chunks does
     ("tfidf", "sbert-chunks"): 0.8,

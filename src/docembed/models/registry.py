@@ -75,6 +75,14 @@ BUILTIN: dict[str, ZooEntry] = {
             "passage_temperature": 0.03,
         },
     ),
+    "retriever": ZooEntry(
+        "sbert",
+        "sbert-windows with MiniLM's top 3 layers tuned to find the part of a long document a query is about "
+        "(`docembed train-retriever` on Debian documentation, man pages, 20 Newsgroups and IMDB train text): "
+        "one vector per 256-token window, a document scored by its passages (passage_temperature 0.01, "
+        "chosen on the long-document val tasks); `tfidf+retriever` is the recommended long-document search",
+        shipped=True,
+    ),
     "nugget": ZooEntry(
         "nugget",
         "NUGGET on MiniLM: a learned tenth of the token vectors of each 256-token window (the whole "
