@@ -34,8 +34,6 @@ import hashlib
 import json
 import os
 import pathlib
-import re
-import subprocess
 import sys
 import time
 import warnings
@@ -46,7 +44,9 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 OUT = BENCH_DIR / "results" / "long_retrieval.json"
 WORK = ROOT / "runs" / "long_retrieval"
-sys.path.insert(0, str(BENCH_DIR))
+sys.path[:0] = [str(BENCH_DIR), str(ROOT / "scripts")]
+
+import man_corpus  # noqa: E402  (a man page's NAME line: the summary task's queries)
 
 import bench_long  # noqa: E402  (man pages and their part / halves tasks)
 import bench_student_kinds  # noqa: E402  (the Debian documentation pages)
@@ -70,21 +70,10 @@ NG_POSTS_PER_DOC = 12
 
 
 # --- tasks --------------------------------------------------------------------------------------------------
-def man_description(page_id: str) -> str | None:
-    """The NAME line's description of man page `man1/ls` ("list directory contents"), or None."""
-    section, name = page_id.split("/", 1)
-    files = sorted(pathlib.Path("/usr/share/man", section).glob(f"{name}.*"))
-    if not files:
-        return None
-    found = subprocess.run(["lexgrog", str(files[0])], capture_output=True, text=True).stdout
-    match = re.search(r'"[^"]*? - (.+)"', found)
-    return match.group(1).strip() if match and len(match.group(1).split()) >= 2 else None
-
-
 def summary_task(pages: list[dict]) -> tuple[list[str], list[str]]:
     queries, documents = [], []
     for page in pages:
-        description = man_description(page["id"])
+        description = man_corpus.man_description(page["id"])
         if description is None:
             continue
         kept = [p for p in page["text"].split("\n") if description.lower() not in p.lower()]

@@ -43,6 +43,18 @@ def page_paragraphs(path: Path) -> list[str]:
     return paragraphs
 
 
+def man_description(page_id: str) -> str | None:
+    """The description in the NAME line of man page `man1/ls` ("list directory contents"), or None: the
+    long-document bench's summary queries and the retriever's summaries."""
+    section, name = page_id.split("/", 1)
+    files = sorted(MAN_ROOT.joinpath(section).glob(f"{name}.*"))
+    if not files:
+        return None
+    found = subprocess.run(["lexgrog", str(files[0])], capture_output=True, text=True).stdout
+    match = re.search(r'"[^"]*? - (.+)"', found)
+    return match.group(1).strip() if match and len(match.group(1).split()) >= 2 else None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)

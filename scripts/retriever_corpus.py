@@ -24,26 +24,15 @@ import hashlib
 import json
 import random
 import re
-import subprocess
 from pathlib import Path
 
+from man_corpus import man_description
 from student_corpus import MAN_MAX_WORDS, read_jsonl, segments
 
 from docembed import datasets
 
 SEGMENT_WORDS = 1400
 MAX_SEGMENTS = 3
-
-
-def man_description(page_id: str) -> str | None:
-    """The description in a man page's NAME line ("list directory contents" for man1/ls), or None."""
-    section, name = page_id.split("/", 1)
-    files = sorted(Path("/usr/share/man", section).glob(f"{name}.*"))
-    if not files:
-        return None
-    found = subprocess.run(["lexgrog", str(files[0])], capture_output=True, text=True).stdout
-    match = re.search(r'"[^"]*? - (.+)"', found)
-    return match.group(1).strip() if match and len(match.group(1).split()) >= 2 else None
 
 
 def man_split(page_id: str) -> str:

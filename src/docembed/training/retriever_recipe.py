@@ -220,14 +220,13 @@ def fit_retriever(
     `validation_documents`, validate on their examples and keep the best weights. Returns the encoder."""
     import dataclasses
 
+    from docembed.errors import UsageError
     from docembed.models.sbert import SBertEncoder
     from docembed.runtime import seed_everything
     from docembed.training.loop import train
 
     seed_everything(loop.seed)
     loop = dataclasses.replace(loop, output_dir=str(output))
-    from docembed.errors import UsageError
-
     examples = make_examples(documents, kinds, training.per_document, training.window_words, loop.seed)
     if len(examples) < 2:
         raise UsageError(
