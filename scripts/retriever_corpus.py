@@ -7,14 +7,18 @@ Sources (every one a train split, or text the benchmarks never use):
   of at most 1,400 words, 3 of them at most; the group is the manual;
 - man pages (scripts/man_corpus.py) of 300 to 2,000 words to train, at most 3 per command family, with the
   one-line description of their NAME section (`lexgrog`) as summary; bench_long's val pages (2,000 words
-  or more) to validate; the group is "man";
+  or more) to validate; the group is "man". `--man-extra` adds more pages after those (their own shuffle,
+  so the rest of the corpus stays the same): pages of sections 1, 5, 7 and 8 under 2,000 words (the bench
+  measures on the longer ones) and pages of the other sections (system calls, library functions: the bench
+  reads none) of any length, until a family has `--extra-per-family` pages in all;
 - 20 Newsgroups train posts of 60 words or more, grouped by newsgroup (a batch's negatives are posts on the
   same subject); a seeded sample, some of them held out to validate;
 - IMDB train reviews of 150 words or more, a seeded sample (text unlike the documentation).
 Nothing from linux-doc or python-doc; the benchmarks' test splits are not read.
 
     python scripts/retriever_corpus.py runs/retriever --docs runs/debian-docs/docs.jsonl \\
-        --man runs/retriever/man-pages.jsonl --man-val runs/long/man-pages.jsonl
+        --man runs/retriever/man-pages.jsonl --man-val runs/long/man-pages.jsonl \\
+        [--man-extra runs/man-1000.jsonl --man-extra runs/man-dev.jsonl]
 """
 
 from __future__ import annotations
@@ -33,6 +37,32 @@ from docembed import datasets
 
 SEGMENT_WORDS = 1400
 MAX_SEGMENTS = 3
+BENCH_SECTIONS = ("man1", "man5", "man7", "man8")  # bench_long's long pages come from these
+
+
+def man_family(page_id: str) -> str:
+    return re.split(r"[_.-]", page_id.split("/")[-1])[0]  # git-log -> git, EVP_EncryptInit.3ssl -> EVP
+
+
+def extra_man_pages(paths: list[Path], taken: set[str], per_family: dict[str, int], cap: int, seed: int):
+    """Pages of `paths` not in `taken` that the bench never reads, shuffled, while their family has fewer
+    than `cap` pages (`per_family` counts the pages kept so far)."""
+    pages = []
+    for path in paths:
+        for page in read_jsonl(path):
+            words = len(page["text"].split())
+            short_enough = words < MAN_MAX_WORDS or page["id"].split("/")[0] not in BENCH_SECTIONS
+            if page["id"] not in taken and words >= 300 and short_enough:
+                taken.add(page["id"])
+                pages.append(page)
+    random.Random(seed).shuffle(pages)
+    kept = []
+    for page in pages:
+        family = man_family(page["id"])
+        if per_family.get(family, 0) < cap:
+            per_family[family] = per_family.get(family, 0) + 1
+            kept.append(page)
+    return kept
 
 
 def man_split(page_id: str) -> str:
@@ -56,6 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--docs", type=Path, required=True)
     parser.add_argument("--man", type=Path, required=True, help="man pages to train on (man_corpus.py)")
     parser.add_argument("--man-val", type=Path, required=True, help="bench_long's long man pages")
+    parser.add_argument(
+        "--man-extra", type=Path, action="append", default=[], help="more man pages (man_corpus.py output)"
+    )
+    parser.add_argument("--extra-per-family", type=int, default=5, help="--man-extra pages per family")
     parser.add_argument("--newsgroups", type=int, default=3000, help="20NG train posts to train on")
     parser.add_argument("--imdb", type=int, default=1000, help="IMDB train reviews to train on")
     parser.add_argument("--val-posts", type=int, default=60, help="20NG / IMDB documents held out each")
@@ -71,12 +105,15 @@ def main(argv: list[str] | None = None) -> None:
             val += segmented(f"docs/{doc['id']}", doc["text"], group, keep=1)
     pages = [p for p in read_jsonl(args.man) if 300 <= len(p["text"].split()) < MAN_MAX_WORDS]
     rng.shuffle(pages)
-    per_family: dict[str, int] = {}
+    per_family: dict[str, int] = {}  # pages kept
     for page in pages:  # varied text: at most 3 pages per command family (git-*, gcloud_*, ...)
-        family = re.split(r"[_.-]", page["id"].split("/")[-1])[0]
-        per_family[family] = per_family.get(family, 0) + 1
-        if per_family[family] <= 3:
+        family = man_family(page["id"])
+        if per_family.get(family, 0) < 3:
+            per_family[family] = per_family.get(family, 0) + 1
             train += segmented(page["id"], page["text"], "man", man_description(page["id"]))
+    taken = {row["id"].split("#")[0] for row in train}
+    for page in extra_man_pages(args.man_extra, taken, per_family, args.extra_per_family, args.seed):
+        train += segmented(page["id"], page["text"], "man", man_description(page["id"]))
     for page in read_jsonl(args.man_val):
         if man_split(page["id"]) == "val":
             val += segmented(page["id"], page["text"], "man", man_description(page["id"]), keep=1)

@@ -129,7 +129,7 @@ def _corpus(path, count: int, seed: int) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def test_train_retriever_end_to_end_trains_the_top_layer_only(tiny_sbert_dir, tmp_path):
+def test_train_retriever_end_to_end_trains_the_top_layer_only(tiny_sbert_dir, tmp_path, capfd):
     from safetensors.torch import load_file
 
     import docembed
@@ -160,6 +160,16 @@ def test_train_retriever_end_to_end_trains_the_top_layer_only(tiny_sbert_dir, tm
     vectors = model.encode(["rocket orbit launch", "hockey puck goal"])
     assert vectors.offsets.tolist() == [0, 1, 2]
     np.testing.assert_allclose(np.linalg.norm(vectors.vectors, axis=1), 1.0, atol=1e-5)
+
+    # a --resume may change how the model is read (its passage temperature), not what trains (its base)
+    resume = [*args[: args.index("--max-steps")], "--max-steps", "4", "--resume"]
+    other_base = [a if a != base else base + "/" for a in resume]
+    refused = invoke(capfd, "-q", *other_base)
+    assert refused.code == 2 and "model_name_or_path:" in refused.err
+    resumed = invoke(capfd, "-q", *resume, "--passage-temperature", "0.02")
+    assert resumed.code == 0, resumed.err
+    assert json.loads((out / "train_summary.json").read_text())["steps"] == 4
+    assert docembed.load(str(out)).encoder.config.passage_temperature == 0.02
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,9 @@ SETTINGS_HASHED_WHEN_SET: dict[str, Any] = {"passage_temperature": 0.0, "analyze
 class EncoderConfig:
     """Base of every family's config dataclass: JSON round trip and a stable hash."""
 
+    # settings that change how a trained model is read, not what trains (a --resume may change them)
+    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ()
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -66,6 +67,8 @@ class SBertConfig(EncoderConfig):
     normalize: bool = True
     backend: str = "auto"  # auto | torch | openvino | onnx (inference only; the weights are the same)
     precision: str = "fp32"  # fp32 | int8
+
+    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_temperature", "backend", "precision")
 
     def __post_init__(self):
         if self.output not in OUTPUTS:

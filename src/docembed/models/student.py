@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -78,6 +78,8 @@ class StudentConfig(EncoderConfig):
     chunk_tokens: int = 256  # late-chunks: tokens per vector (SBERT's window, the depth teacher's)
     # late-chunks: how a document's chunks pool when scored, 0 = the best chunk, > 0 smoother (scoring.py)
     passage_temperature: float = 0.0
+
+    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_temperature",)
 
     def __post_init__(self):
         check_temperature(self.passage_temperature)

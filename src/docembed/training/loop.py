@@ -140,12 +140,16 @@ class Recipe(ABC):
         return None
 
     def model_settings(self) -> dict | None:
-        """The config of the model trained (kept with each checkpoint: a --resume must train the same model).
-        Found on the recipe's encoder or student, or its own config; None where there is none."""
+        """The config of the model trained (kept with each checkpoint: a --resume must train the same model),
+        less its inference-only settings. Found on the recipe's encoder or student, or its own config; None
+        where there is none."""
         for holder in (getattr(self, "encoder", None), getattr(self, "student", None), self):
             config = getattr(holder, "config", None)
             if callable(getattr(config, "to_dict", None)):
-                return json.loads(json.dumps(config.to_dict(), default=str))  # as state.json reads back
+                values = json.loads(json.dumps(config.to_dict(), default=str))  # as state.json reads back
+                for name in getattr(config, "INFERENCE_SETTINGS", ()):
+                    values.pop(name, None)
+                return values
         return None
 
 
@@ -284,7 +288,7 @@ class Checkpoint:
             return  # Checkpoint.load says what is wrong with it
         if not isinstance(recorded, dict) or self.settings is None:
             return  # a checkpoint written before settings were kept
-        for key in sorted(recorded.keys() | self.settings.keys()):
+        for key in sorted(self.settings):  # a recorded key this run leaves out is an inference-only one
             if recorded.get(key) != self.settings.get(key):
                 raise UsageError(
                     f"--resume: {self.dir} was trained with {key}: {recorded.get(key)!r}, this run has "
