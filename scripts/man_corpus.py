@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 MAN_ROOT = Path("/usr/share/man")
+COMMAND_SECTIONS = ("1", "5", "7", "8")  # the default: commands, files, overviews, administration
 RENDER = ["groff", "-man", "-Tutf8", "-P-cbou", "-rHY=0", "-rLL=2000n"]
 MIN_WORDS = 6
 
@@ -58,7 +59,7 @@ def man_description(page_id: str) -> str | None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("output", type=Path)
-    parser.add_argument("--sections", default="1,5,7,8")
+    parser.add_argument("--sections", default=",".join(COMMAND_SECTIONS))
     parser.add_argument("--limit", type=int, default=None, help="pages per section (default: all)")
     parser.add_argument(
         "--min-bytes", type=int, default=0, help="skip page files smaller than this (compressed): long pages"

@@ -30,14 +30,14 @@ import random
 import re
 from pathlib import Path
 
-from man_corpus import man_description
+from man_corpus import COMMAND_SECTIONS, man_description
 from student_corpus import MAN_MAX_WORDS, read_jsonl, segments
 
 from docembed import datasets
 
 SEGMENT_WORDS = 1400
 MAX_SEGMENTS = 3
-BENCH_SECTIONS = ("man1", "man5", "man7", "man8")  # bench_long's long pages come from these
+BENCH_SECTIONS = {f"man{s}" for s in COMMAND_SECTIONS}  # bench_long's long pages come from these
 
 
 def man_family(page_id: str) -> str:
@@ -47,13 +47,13 @@ def man_family(page_id: str) -> str:
 def extra_man_pages(paths: list[Path], taken: set[str], per_family: dict[str, int], cap: int, seed: int):
     """Pages of `paths` not in `taken` that the bench never reads, shuffled, while their family has fewer
     than `cap` pages (`per_family` counts the pages kept so far)."""
-    pages = []
+    pages, seen = [], set(taken)
     for path in paths:
         for page in read_jsonl(path):
             words = len(page["text"].split())
             short_enough = words < MAN_MAX_WORDS or page["id"].split("/")[0] not in BENCH_SECTIONS
-            if page["id"] not in taken and words >= 300 and short_enough:
-                taken.add(page["id"])
+            if page["id"] not in seen and words >= 300 and short_enough:
+                seen.add(page["id"])
                 pages.append(page)
     random.Random(seed).shuffle(pages)
     kept = []
