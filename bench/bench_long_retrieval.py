@@ -17,8 +17,9 @@ with the English one: stemming + stopwords), `static`, sbert's first window, sbe
 windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
 max at each temperature of TEMPERATURES: log-mean-exp of the windows' cosines), the student (2,048-token
 windows averaged) and passage scoring over its late chunks, the retriever's passages and windows' mean;
-each passage scoring also with the aggregation following the query ("whole for long queries": the family's
-whole-document reading for a query of several windows, a half, and its passages for a short one); every
+each passage scoring also with the aggregation following the query ("whole for long queries", the models'
+`long_queries="whole"`: a query of several windows, a half, and each document read as wholes, the cosine of
+their windows' means, and a short query scored by its passages); every
 lexical rule fused with the whole-document readings and with each family's passage configuration best on
 val (z-score convex and RRF), the weight chosen once on all val tasks together (the mean of the tasks'
 MRRs, so one default holds across kinds of text) and applied unchanged to test.
@@ -67,8 +68,6 @@ ENCODERS = {
 }
 # the family name of each multi-vector encoding's passage configurations
 PASSAGE_FAMILY = {"sbert-windows": "sbert", "student-late-chunks": "student", "retriever": "retriever"}
-# each passage family's whole-document reading of the same encoding (the mean of its windows / passes)
-WHOLE_DOCUMENT = {"sbert": "sbert-chunks", "student": "student", "retriever": "retriever-chunks"}
 LEXICAL = ("tfidf", "bm25", "bm25-english")
 NG_QUERY_WORDS = 30
 NG_POSTS_PER_DOC = 12
@@ -238,15 +237,12 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
         defaults = {side: student_default(v, texts[side], tokenizer) for side, v in vectors.items()}
         out["student"] = cosine_matrix(defaults["queries"], defaults["candidates"])
     base = PASSAGE_FAMILY[label]
-    chunks = out[WHOLE_DOCUMENT[base]]
-    long_queries = (queries.counts >= 2)[:, None]  # a query of several windows (a half, a page)
     for temperature in TEMPERATURES:
         name = f"{base} passages max" if temperature == 0 else f"{base} passages t={temperature}"
-        out[name] = np.stack(
-            [maxsim_one_to_many(queries[i], candidates, temperature) for i in range(len(queries))]
-        )
-        # the aggregation following the query: the whole-document reading for long queries
-        out[f"{name}, whole for long queries"] = np.where(long_queries, chunks, out[name])
+        for long_queries, suffix in (("passages", ""), ("whole", ", whole for long queries")):
+            out[name + suffix] = np.stack(
+                [maxsim_one_to_many(q, candidates, temperature, long_queries) for q in queries]
+            )
     return out
 
 

@@ -104,6 +104,14 @@ def test_multi_vector_search_is_mean_maxsim(tmp_path):
     order = np.argsort(-exact, kind="stable")[:5]
     assert [h for h, _ in hits] == [f"d{j}" for j in order]
     np.testing.assert_allclose([s for _, s in hits], exact[order], atol=1e-5)
+    # a model that reads a long query whole (long_queries): its candidates rescored the same way
+    whole = LanceIndex.build(tmp_path / "w", EmbeddingSet(docs, emb.ids, {"long_queries": "whole"}))
+    long_query = next(i for i in range(len(queries)) if len(queries[i]) >= 2)
+    hits = whole.search(queries.select([long_query]), 5)[0]
+    exact = maxsim_one_to_many(queries[long_query], docs, 0.0, "whole")
+    order = np.argsort(-exact, kind="stable")[:5]
+    assert [h for h, _ in hits] == [f"d{j}" for j in order]
+    np.testing.assert_allclose([s for _, s in hits], exact[order], atol=1e-5)
 
 
 def test_cli_more_like_this_equals_faiss(capfd, tmp_path):

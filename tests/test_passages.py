@@ -182,3 +182,50 @@ def test_a_fusion_of_built_ins_uses_its_validated_weight_and_exact_tfidf():
     assert fusion.lexical.components is None  # the exact tf-idf rows the weight was chosen with
     other = load_model("bm25+glove-avg")  # not validated: the default, and it says so
     assert other.config.weight == DEFAULT_WEIGHT and other.config.chosen_on is None
+
+
+def test_long_queries_read_whole_in_the_api_encode_and_the_index(capfd, tmp_path, passages_dir):
+    """`long_queries="whole"`: a query of several windows (a whole document here) is scored by the two texts'
+    window means, a short query by its passages; encode records the setting and search scores with it."""
+    model = docembed.load(str(passages_dir), device="cpu", long_queries="whole")
+    assert model.encoder.long_queries == "whole" and model.encoder.metadata()["long_queries"] == "whole"
+    vectors = model.encode([DOCS[2], QUERY, *DOCS])
+    assert len(vectors[0]) >= 2 and len(vectors[1]) == 1  # a long and a short query
+    docs = vectors.select([2, 3, 4])
+    np.testing.assert_allclose(
+        model.similarity([DOCS[2]], DOCS)[0], maxsim_one_to_many(vectors[0], docs, 0.05, "whole"), rtol=1e-5
+    )
+    assert not np.allclose(model.similarity([DOCS[2]], DOCS)[0], maxsim_one_to_many(vectors[0], docs, 0.05))
+    np.testing.assert_allclose(
+        model.similarity([QUERY], DOCS)[0], maxsim_one_to_many(vectors[1], docs, 0.05), rtol=1e-5
+    )
+    # the default keeps older outputs' identity; the setting is saved with the model
+    default = docembed.load(str(passages_dir), device="cpu").encoder
+    assert default.long_queries == "passages" and "long_queries" not in default.metadata()
+    model.save(tmp_path / "whole")
+    assert docembed.load(str(tmp_path / "whole"), device="cpu").encoder.long_queries == "whole"
+    # encode --long-queries: recorded beside the vectors and in the index, which searches with it
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    out = tmp_path / "docs.npz"
+    encoded = invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", out, "--long-queries", "whole")
+    assert encoded.code == 0, encoded.err
+    assert invoke(capfd, "index", "build", out, "-o", tmp_path / "docs.index").code == 0
+    assert json.loads((tmp_path / "docs.index" / "meta.json").read_text())["long_queries"] == "whole"
+    found = invoke(capfd, "search", tmp_path / "docs.index", "--query", DOCS[2], "-k", "3")
+    assert found.code == 0, found.err
+    hits = {h["id"]: h["score"] for h in json.loads(found.out)["results"]}
+    expected = model.similarity([DOCS[2]], DOCS)[0]
+    assert [hits[f"d{i}"] for i in range(3)] == pytest.approx([float(s) for s in expected], abs=1e-5)
+
+
+def test_long_queries_is_checked_before_a_model_loads(capfd, tmp_path, tiny_sbert_dir):
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(DOCS) + "\n")
+    out = tmp_path / "v.npz"
+    bad = invoke(capfd, "encode", corpus, "-m", "sbert-windows", "-o", out, "--long-queries", "mean")
+    assert bad.code == 2 and "long_queries is one of passages, whole" in bad.err and not out.exists()
+    refused = invoke(capfd, "encode", corpus, "-m", tiny_sbert_dir, "-o", out, "--long-queries", "whole")
+    assert refused.code != 0 and "passage output" in refused.err and not out.exists()
+    with pytest.raises(NotSupportedError, match="does not support"):
+        docembed.load("glove-avg", device="cpu", long_queries="whole")

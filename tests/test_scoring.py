@@ -1,8 +1,16 @@
-"""Batched cosine / mean-MaxSim against naive per-pair loops."""
+"""Batched cosine / mean-MaxSim against naive per-pair loops; long queries read whole."""
 
 import numpy as np
+import pytest
 
-from docembed.scoring import maxsim_one_to_many, maxsim_pairs, rank, score_one_to_many, score_pairs
+from docembed.scoring import (
+    maxsim_one_to_many,
+    maxsim_pairs,
+    rank,
+    score_matrix,
+    score_one_to_many,
+    score_pairs,
+)
 from docembed.types import MultiVectors
 
 
@@ -98,3 +106,34 @@ def test_passage_temperature_moves_from_the_best_passage_to_the_mean():
         maxsim_one_to_many(query, docs, 0.1),
         rtol=1e-5,
     )
+
+
+def naive_whole(q, d):
+    """cos(mean of the normalised query vectors, mean of the normalised document vectors)."""
+    qm = (q / np.linalg.norm(q, axis=1, keepdims=True)).mean(axis=0)
+    dm = (d / np.linalg.norm(d, axis=1, keepdims=True)).mean(axis=0)
+    return float(qm @ dm / (np.linalg.norm(qm) * np.linalg.norm(dm)))
+
+
+def test_a_long_query_read_whole_scores_the_means_and_a_short_one_its_passages():
+    rng = np.random.default_rng(5)
+    docs = random_multi(rng, [3, 1, 5, 0])
+    long_query, short_query = rng.standard_normal((3, 8)), rng.standard_normal((1, 8))
+    whole = maxsim_one_to_many(long_query, docs, 0.1, "whole")
+    np.testing.assert_allclose(whole[:3], [naive_whole(long_query, docs[i]) for i in range(3)], rtol=1e-5)
+    assert whole[3] == -1.0  # a document without vectors still scores the lowest cosine
+    assert not np.allclose(whole, maxsim_one_to_many(long_query, docs, 0.1))
+    # one passage is no long query: its passages are scored as before, at the temperature
+    np.testing.assert_array_equal(
+        maxsim_one_to_many(short_query, docs, 0.1, "whole"), maxsim_one_to_many(short_query, docs, 0.1)
+    )
+    # pairs, one-to-many and the matrix agree, whichever path each pair takes
+    queries = MultiVectors.from_list([long_query, short_query, long_query, short_query])
+    pairs = maxsim_pairs(queries, docs, batch_size=2, temperature=0.1, long_queries="whole")
+    expected = [maxsim_one_to_many(queries[i], docs, 0.1, "whole")[i] for i in range(4)]
+    np.testing.assert_allclose(pairs, expected, rtol=1e-5)
+    np.testing.assert_allclose(score_pairs(queries, docs, 0.1, "whole"), expected, rtol=1e-5)
+    matrix = score_matrix(queries, docs, 0.1, "whole")
+    np.testing.assert_allclose(np.diag(matrix), expected, rtol=1e-5)
+    with pytest.raises(ValueError, match="long_queries is one of passages, whole"):
+        maxsim_one_to_many(long_query, docs, 0.0, "mean")

@@ -49,6 +49,7 @@ def load(
     max_length: int | None = None,
     prompts: dict[str, str] | None = None,
     passage_temperature: float | None = None,
+    long_queries: str | None = None,
 ) -> Model:
     """A model by built-in name (`sbert`, `nugget`, `student`, ...: `docembed models` lists them), saved
     directory (docembed's or any sentence-transformers folder), name under the models home, or hub id.
@@ -64,9 +65,19 @@ def load(
     "chunk"), and a cap per window (docs/nugget_baselines.md). prompts: text put before a query / document
     by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
     instructions. passage_temperature: how a document's passages pool when it is scored (sbert-windows, the
-    student's late chunks): 0 the best passage, larger values smoother, towards the mean of all of them."""
+    student's late chunks): 0 the best passage, larger values smoother, towards the mean of all of them.
+    long_queries: how a query of several passages (a half, a page) is scored, "passages" (each of them)
+    or "whole" (the two texts' passage means, which validation chose for sbert-windows' default)."""
     settings = EncodeSettings(
-        ratio, long_documents, backend, precision, selector, max_vectors, max_length, passage_temperature
+        ratio,
+        long_documents,
+        backend,
+        precision,
+        selector,
+        max_vectors,
+        max_length,
+        passage_temperature,
+        long_queries,
     )
     encoder = settings.apply(load_model(str(name_or_dir), device=resolve_device(device)))
     return Model(encoder, prompts=prompts)
@@ -289,7 +300,7 @@ class Model:
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
-        return score_matrix(left, right, self.encoder.passage_temperature)
+        return score_matrix(left, right, self.encoder.passage_temperature, self.encoder.long_queries)
 
     def best_passages(self, query: str, documents: Sequence[str]) -> list[dict]:
         """Per document, the passage `query` is about: {"start", "end"} (character offsets into the

@@ -182,6 +182,11 @@ class VectorIndex:
         """How a document's vectors pool when scored, as its model pools them (recorded by encode)."""
         return float(self.metadata.get("passage_temperature", 0.0))
 
+    @property
+    def long_queries(self) -> str:
+        """How a query of several passages is scored, as its model scores it (recorded by encode)."""
+        return str(self.metadata.get("long_queries", "passages"))
+
     @classmethod
     def build(cls, embeddings: EmbeddingSet, kind: str = "flat", storage: str = "float32") -> VectorIndex:
         """`storage` (float32 | float16 | int8, io.embeddings.STORAGES): how faiss holds the vectors (its
@@ -247,7 +252,9 @@ class VectorIndex:
                 results.append([])
                 continue
             found = self._shortlist(every_hit[start:stop], every_sim[start:stop], settings["rescore"])
-            scores = maxsim_one_to_many(query, _gather(self.multi, found), self.passage_temperature)
+            scores = maxsim_one_to_many(
+                query, _gather(self.multi, found), self.passage_temperature, self.long_queries
+            )
             order = np.argsort(-scores, kind="stable")[:k]
             results.append([(self.ids[found[j]], float(scores[j])) for j in order])
         return results
@@ -459,7 +466,9 @@ class VectorIndex:
         if self.multi is not None:
             vectors = l2_normalize(query.vectors.astype(np.float32))
             return (
-                maxsim_one_to_many(vectors, self.multi.select(rows), self.passage_temperature)
+                maxsim_one_to_many(
+                    vectors, self.multi.select(rows), self.passage_temperature, self.long_queries
+                )
                 if len(vectors)
                 else np.zeros(len(rows))
             )

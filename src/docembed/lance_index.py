@@ -14,8 +14,9 @@ docembed's own write lock (io/outputs.output_lock) keeps one writer at a time, s
 
 Scores are those of docembed.scoring: cosine for dense vectors (1 - LanceDB's cosine distance) and
 mean-MaxSim for multi-vector ones (LanceDB's MaxSim sums the query vectors' maxima: divided by their
-count). Approximate index kinds, or a model that smooths its passages' maxima (passage_temperature > 0),
-fetch more candidates and rescore them exactly, as the faiss index does.
+count). Approximate index kinds, or a model that smooths its passages' maxima (passage_temperature > 0)
+or reads a long query whole (long_queries), fetch more candidates and rescore them exactly, as the faiss
+index does.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import numpy as np
 from docembed.errors import DocembedError, UsageError
 from docembed.faiss_index import INDEX_DIRECTORY, _refuse_non_finite, check_queries
 from docembed.io.outputs import DirectoryKind, output_lock
-from docembed.scoring import maxsim_one_to_many
+from docembed.scoring import maxsim_one_to_many, reads_whole
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
 
 TABLE = "documents"
@@ -161,6 +162,10 @@ class LanceIndex:
     @property
     def passage_temperature(self) -> float:
         return float(self.metadata.get("passage_temperature", 0.0))
+
+    @property
+    def long_queries(self) -> str:
+        return str(self.metadata.get("long_queries", "passages"))
 
     @property
     def lance_type(self) -> str | None:
@@ -338,9 +343,13 @@ class LanceIndex:
     def _search_multi(self, query: np.ndarray, k: int, where, tuning: dict) -> list[tuple[str, float]]:
         if len(query) == 0:
             return []
-        # LanceDB's MaxSim is exact over a flat table; an approximate index, or maxima smoothed over
-        # passages, gets more candidates, rescored here from their stored vectors
-        exact = self.lance_type is None and self.passage_temperature == 0
+        # LanceDB's MaxSim is exact over a flat table; an approximate index, maxima smoothed over passages
+        # or a long query read whole get more candidates, rescored here from their stored vectors
+        exact = (
+            self.lance_type is None
+            and self.passage_temperature == 0
+            and not reads_whole(query, self.long_queries)
+        )
         depth = k if exact else max(k, tuning.get("candidates") or max(4 * k, 64))
         builder = self._vector_query(query, depth, where, tuning)
         found = self._run(builder.select(["id", "_distance"] + ([] if exact else ["vector"])))
@@ -349,7 +358,8 @@ class LanceIndex:
             scores = 1.0 - found["_distance"].to_numpy().astype(np.float64) / len(query)
         else:
             docs = _multi_from_arrow(found["vector"], self.dim)
-            scores = maxsim_one_to_many(query, docs, self.passage_temperature).astype(np.float64)
+            scores = maxsim_one_to_many(query, docs, self.passage_temperature, self.long_queries)
+            scores = scores.astype(np.float64)
         order = np.argsort(-scores, kind="stable")[:k]
         return [(ids[j], float(scores[j])) for j in order]
 
@@ -448,7 +458,8 @@ class LanceIndex:
             return np.zeros(0)
         if self.is_multi:
             vectors = l2_normalize(np.asarray(query.vectors, dtype=np.float32))
-            return maxsim_one_to_many(vectors, stored, self.passage_temperature).astype(np.float64)
+            scores = maxsim_one_to_many(vectors, stored, self.passage_temperature, self.long_queries)
+            return scores.astype(np.float64)
         vector = l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
         return stored.astype(np.float64) @ vector
 

@@ -126,6 +126,10 @@ class RemoteEncoder(Encoder):
     def passage_temperature(self) -> float:
         return float(self.health.get("passage_temperature") or 0.0)
 
+    @property
+    def long_queries(self) -> str:
+        return str(self.health.get("long_queries") or "passages")
+
     def metadata(self) -> dict[str, Any]:
         return dict(self.health["metadata"])
 

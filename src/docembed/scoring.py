@@ -5,7 +5,10 @@ mean-MaxSim (NUGGET eq. 10; ColBERT's MaxSim averaged instead of summed): for qu
 document vectors d_1..d_k, score = (1/m) * sum_i max_j cos(q_i, d_j). It is asymmetric; `similarity`
 reports it with the first text as the query. When a document's vectors are its passages (sbert-windows,
 the student's late chunks), each max can be smoothed (`temperature` > 0, log-mean-exp over the passages):
-between the best passage (0) and the mean over the whole (large), chosen on validation.
+between the best passage (0) and the mean over the whole (large), chosen on validation. How a query of
+several passages itself is read follows the kind of query (`long_queries`): "passages" scores each of its
+passages as above; "whole" reads a long query (a half, a page) and each document as wholes, the cosine of
+their passages' means, which validation prefers for halves while short queries keep the part they are about.
 """
 
 from __future__ import annotations
@@ -24,15 +27,44 @@ def cosine_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return l2_normalize(a) @ l2_normalize(b).T
 
 
-def maxsim_one_to_many(query: np.ndarray, docs: MultiVectors, temperature: float = 0.0) -> np.ndarray:
+#: How a query of several passages is scored against documents of passages: each of its passages ("passages",
+#: mean-MaxSim) or the whole query against each whole document ("whole": the cosine of the passages' means).
+LONG_QUERIES = ("passages", "whole")
+#: A query with at least this many passage vectors is a long query (a half, a page: more than one window).
+LONG_QUERY_PASSAGES = 2
+
+
+def reads_whole(query: np.ndarray, long_queries: str) -> bool:
+    """Whether `long_queries` scores this query (its passage vectors, (m, d)) as a whole."""
+    if long_queries not in LONG_QUERIES:
+        raise ValueError(f"long_queries is one of {', '.join(LONG_QUERIES)}, not {long_queries!r}")
+    return long_queries == "whole" and len(query) >= LONG_QUERY_PASSAGES
+
+
+def whole_cosines(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
+    """cos(mean of the query's normalised vectors, mean of each document's): the texts read as wholes, as
+    the mean of their windows is (sbert-chunks). A document with no vectors scores -1."""
+    query_mean = l2_normalize(query).mean(axis=0, keepdims=True)
+    doc_means = MultiVectors(l2_normalize(docs.vectors), docs.offsets).mean()
+    scores = cosine_matrix(query_mean, doc_means)[0]
+    scores[docs.counts == 0] = -1.0
+    return scores.astype(np.float32)
+
+
+def maxsim_one_to_many(
+    query: np.ndarray, docs: MultiVectors, temperature: float = 0.0, long_queries: str = "passages"
+) -> np.ndarray:
     """mean-MaxSim of one query (m, d) against every document of `docs`, in one matrix product.
     A document with no vectors scores -1 (the lowest cosine), an empty query 0.
 
     `temperature` > 0 replaces each max by its smooth form over the document's vectors (passages), the
     log-mean-exp `t * log(mean_j exp(s_j / t))`: 0 is the best passage (MaxP), large values tend to the mean
-    of the passages' cosines, so one number moves from "the part the query is about" to "the whole"."""
+    of the passages' cosines, so one number moves from "the part the query is about" to "the whole".
+    `long_queries="whole"` scores a query of several vectors by `whole_cosines` instead."""
     if len(query) == 0 or len(docs) == 0:
         return np.zeros(len(docs), dtype=np.float32)
+    if reads_whole(query, long_queries) and len(docs.vectors):
+        return whole_cosines(query, docs)
     sims = l2_normalize(query) @ l2_normalize(docs.vectors).T  # (m, total)
     counts = docs.counts
     starts = np.minimum(docs.offsets[:-1], max(sims.shape[1] - 1, 0))
@@ -80,9 +112,14 @@ LARGE_PAIR = 64 * 64
 
 
 def maxsim_pairs(
-    queries: MultiVectors, docs: MultiVectors, batch_size: int = 32, temperature: float = 0.0
+    queries: MultiVectors,
+    docs: MultiVectors,
+    batch_size: int = 32,
+    temperature: float = 0.0,
+    long_queries: str = "passages",
 ) -> np.ndarray:
-    """mean-MaxSim of queries[i] against docs[i] for every i (`temperature`: see maxsim_one_to_many).
+    """mean-MaxSim of queries[i] against docs[i] for every i (`temperature`, `long_queries`: see
+    maxsim_one_to_many).
 
     Pairs are sorted by size and cut into batches of similar shapes (little padding). A batch of small
     sets is one gather into padded arrays and one stacked matrix product; a batch of large sets is
@@ -110,6 +147,10 @@ def maxsim_pairs(
             best = np.where(d_mask.any(axis=1)[:, None], smooth, best)
         n_q = q_mask.sum(axis=1)
         scores[batch] = np.where(n_q > 0, (best * q_mask).sum(axis=1) / np.maximum(n_q, 1), 0.0)
+    if long_queries != "passages":
+        for i in np.flatnonzero(q_counts >= LONG_QUERY_PASSAGES):
+            if reads_whole(queries[i], long_queries) and d_counts[i]:
+                scores[i] = whole_cosines(queries[i], docs.select([i]))[0]
     return scores
 
 
@@ -151,24 +192,30 @@ def _gather_padded(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray):
     return padded, mask
 
 
-def score_pairs(left: Vectors, right: Vectors, temperature: float = 0.0) -> np.ndarray:
+def score_pairs(
+    left: Vectors, right: Vectors, temperature: float = 0.0, long_queries: str = "passages"
+) -> np.ndarray:
     """Similarity of left[i] and right[i]: cosine (dense) or mean-MaxSim with left as query (multi; its max
-    smoothed at `temperature` > 0, see maxsim_one_to_many)."""
+    smoothed at `temperature` > 0, a long query read whole by `long_queries`: see maxsim_one_to_many)."""
     if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
         raise ValueError("cannot compare dense with multi-vector embeddings")
     if isinstance(left, MultiVectors):
-        return maxsim_pairs(left, right, temperature=temperature)
+        return maxsim_pairs(left, right, temperature=temperature, long_queries=long_queries)
     return cosine_pairs(left, right).astype(np.float32)
 
 
-def score_one_to_many(query: Vectors, candidates: Vectors, temperature: float = 0.0) -> np.ndarray:
+def score_one_to_many(
+    query: Vectors, candidates: Vectors, temperature: float = 0.0, long_queries: str = "passages"
+) -> np.ndarray:
     """Scores of one query (a 1-row array or a 1-document MultiVectors) against all candidates."""
     if isinstance(query, MultiVectors):
-        return maxsim_one_to_many(query[0], candidates, temperature)
+        return maxsim_one_to_many(query[0], candidates, temperature, long_queries)
     return (cosine_matrix(np.asarray(query).reshape(1, -1), candidates)[0]).astype(np.float32)
 
 
-def score_matrix(queries: Vectors, candidates: Vectors, temperature: float = 0.0) -> np.ndarray:
+def score_matrix(
+    queries: Vectors, candidates: Vectors, temperature: float = 0.0, long_queries: str = "passages"
+) -> np.ndarray:
     """Scores of every query against every candidate, (len(queries), len(candidates)) float32: cosine
     (dense) or mean-MaxSim with the queries as queries (multi-vector, one query at a time)."""
     if isinstance(queries, MultiVectors) != isinstance(candidates, MultiVectors):
@@ -177,7 +224,7 @@ def score_matrix(queries: Vectors, candidates: Vectors, temperature: float = 0.0
         return cosine_matrix(np.asarray(queries), np.asarray(candidates)).astype(np.float32)
     scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
     for row in range(len(queries)):
-        scores[row] = maxsim_one_to_many(queries[row], candidates, temperature)
+        scores[row] = maxsim_one_to_many(queries[row], candidates, temperature, long_queries)
     return scores
 
 

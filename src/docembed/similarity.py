@@ -26,7 +26,12 @@ def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str],
     if getattr(model, "scorer_only", False):
         return np.array([model.score(a, [b])[0] for a, b in zip(left, right, strict=True)], dtype=np.float32)
     left_vectors, right_vectors = _encode(model, left, batch_size), _encode(model, right, batch_size)
-    return score_pairs(left_vectors, right_vectors, getattr(model, "passage_temperature", 0.0))
+    return score_pairs(
+        left_vectors,
+        right_vectors,
+        getattr(model, "passage_temperature", 0.0),
+        getattr(model, "long_queries", "passages"),
+    )
 
 
 def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: str, docs=None):
@@ -100,7 +105,8 @@ def rerank_rows(
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
             else:
-                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), model.passage_temperature)
+                scoring = (model.passage_temperature, model.long_queries)
+                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), *scoring)
             key = "id" if by_id else "text"
             order = rank(scores)
             ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order]

@@ -80,6 +80,13 @@ def encode(
         help="sbert-windows, student --long late-chunks: how a document's passages pool when it is scored "
         "(0: the best passage; larger: smoother, towards their mean); recorded for search and indexes.",
     ),
+    long_queries: str = typer.Option(
+        None,
+        "--long-queries",
+        help="sbert-windows, student --long late-chunks: how a query of several passages (a half, a page) "
+        "is scored, passages (each of its passages) | whole (the two texts' passage means, sbert-windows' "
+        "default, chosen on the long-document val tasks); recorded for search and indexes.",
+    ),
     backend: str = typer.Option(
         None,
         "--backend",
@@ -152,10 +159,14 @@ def encode(
     """
     from docembed.errors import UsageError
 
+    if long_queries is not None:
+        from docembed.models.base import check_long_queries
+
+        check_long_queries(long_queries)
     if not fit:  # a model that is nothing fails now; --fit makes the model first
         common.resolve(model)
     _check_server_use(fit, workers, engine, ratio, long, backend, precision, selector, max_vectors,
-                      max_length, passage_temperature)  # fmt: skip
+                      max_length, passage_temperature, long_queries)  # fmt: skip
     ray_flags = {
         "address": address,
         "num_workers": num_workers,
@@ -171,11 +182,19 @@ def encode(
                 "--workers/--threads are for the local engine; with --engine ray use --num-workers and "
                 "--cpus-per-worker"
             )
-        local_only = (backend, precision, selector, max_vectors, max_length, passage_temperature)
+        local_only = (
+            backend,
+            precision,
+            selector,
+            max_vectors,
+            max_length,
+            passage_temperature,
+            long_queries,
+        )
         if any(v is not None for v in local_only) or storage != "float32":
             raise UsageError(
-                "--backend/--precision/--selector/--max-vectors/--max-length/--passage-temperature/--storage "
-                "are for the local engine"
+                "--backend/--precision/--selector/--max-vectors/--max-length/--passage-temperature/"
+                "--long-queries/--storage are for the local engine"
             )
         if output_format not in (None, "parquet", "lance"):
             raise UsageError(
@@ -228,7 +247,7 @@ def encode(
     if workers is not None or threads is not None:  # before the model: a runner takes torch's threads then
         _set_torch_threads(threads or 1)
     settings = EncodeSettings(
-        ratio, long, backend, precision, selector, max_vectors, max_length, passage_temperature
+        ratio, long, backend, precision, selector, max_vectors, max_length, passage_temperature, long_queries
     )
     encoder = settings.apply(common.load(model))
     in_processes = workers is not None and not encoder.supports("workers")
@@ -311,8 +330,8 @@ def _check_server_use(fit, workers, engine, *settings) -> None:
     if any(value is not None for value in settings):
         raise UsageError(
             "--ratio/--long/--backend/--precision/--selector/--max-vectors/--max-length/"
-            "--passage-temperature change how the model encodes: the served model encodes as it was loaded; "
-            "leave out --server"
+            "--passage-temperature/--long-queries change how the model encodes: the served model encodes as "
+            "it was loaded; leave out --server"
         )
 
 

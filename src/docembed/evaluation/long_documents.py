@@ -291,7 +291,8 @@ def _pair_reciprocal_ranks(task: Evaluator, model, queries: list[str], candidate
     else:
         q, c = task.embed(model, queries), task.embed(model, candidates)
         if isinstance(q, MultiVectors):
-            rows = [maxsim_one_to_many(q[i], c, model.passage_temperature) for i in range(len(q))]
+            scoring = (model.passage_temperature, model.long_queries)
+            rows = [maxsim_one_to_many(q[i], c, *scoring) for i in range(len(q))]
         else:
             rows = list(cosine_matrix(q, c))
     return metrics.reciprocal_ranks(

@@ -31,8 +31,8 @@ def similarity_rows(task, model, texts: list[str]) -> Iterable[np.ndarray]:
         return np.asarray((vectors @ vectors.T).todense(), dtype=np.float32)
     vectors = task.embed(model, texts)
     if isinstance(vectors, MultiVectors):
-        temperature = model.passage_temperature
-        return (maxsim_one_to_many(vectors[i], vectors, temperature) for i in range(len(vectors)))
+        scoring = (model.passage_temperature, model.long_queries)
+        return (maxsim_one_to_many(vectors[i], vectors, *scoring) for i in range(len(vectors)))
     return cosine_matrix(vectors, vectors)
 
 

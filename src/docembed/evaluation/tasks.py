@@ -115,7 +115,10 @@ class ParaphraseIdentification(Evaluator):
                     scores = np.asarray((vectors[rows] @ vectors[row[source]].T).todense()).ravel()
                 else:
                     scores = score_one_to_many(
-                        _rows(vectors, [row[source]]), _rows(vectors, rows), model.passage_temperature
+                        _rows(vectors, [row[source]]),
+                        _rows(vectors, rows),
+                        model.passage_temperature,
+                        model.long_queries,
                     )
                 score_lists.append(scores)
                 golds.append(gold)
@@ -283,7 +286,9 @@ class SemanticSimilarity(Evaluator):
             predicted = _sparse_rowwise_dot(vectors[left], vectors[right])
         else:
             vectors = self.embed(model, sentences)
-            predicted = score_pairs(_rows(vectors, left), _rows(vectors, right), model.passage_temperature)
+            predicted = score_pairs(
+                _rows(vectors, left), _rows(vectors, right), model.passage_temperature, model.long_queries
+            )
         gold = np.array(self.scores)
         from scipy.stats import pearsonr
 

@@ -25,7 +25,11 @@ WEIGHTS_NAME = "model.safetensors"
 
 # Settings added to existing families after their outputs were in use, with their defaults: at the default
 # they are left out of the config hash, so embeddings, caches and indexes made before keep their identity.
-SETTINGS_HASHED_WHEN_SET: dict[str, Any] = {"passage_temperature": 0.0, "analyzer": "plain"}
+SETTINGS_HASHED_WHEN_SET: dict[str, Any] = {
+    "passage_temperature": 0.0,
+    "analyzer": "plain",
+    "long_queries": "passages",
+}
 
 
 @dataclasses.dataclass
@@ -68,6 +72,13 @@ def check_temperature(value: float) -> None:
         raise UsageError(f"passage_temperature is between 0 (the best passage) and 10, not {value!r}")
 
 
+def check_long_queries(value: str) -> None:
+    from docembed.scoring import LONG_QUERIES
+
+    if value not in LONG_QUERIES:
+        raise UsageError(f"long_queries is one of {', '.join(LONG_QUERIES)}, not {value!r}")
+
+
 class NotSupportedError(DocembedError):
     """An option the model's family does not have (e.g. --ratio for a dense model)."""
 
@@ -82,7 +93,7 @@ CAPABILITIES = {
     "long": "--long (truncate | windows: a document longer than the model reads, cut or read in windows)",
     "max-length": "--max-length (tokens one pass reads; positions beyond the trained length are tiled)",
     "selection": "--selector / --max-vectors (which token vectors a multi-vector model keeps)",
-    "passages": "--passage-temperature (how a document's passage vectors pool when scored)",
+    "passages": "--passage-temperature / --long-queries (how passage vectors are scored)",
 }
 
 LONG_MODES = ("truncate", "windows")
@@ -101,6 +112,7 @@ class EncodeSettings:
     max_vectors: int | None = None
     max_length: int | None = None
     passage_temperature: float | None = None
+    long_queries: str | None = None
 
     def apply(self, encoder: Encoder) -> Encoder:
         if self.ratio is not None:
@@ -115,6 +127,8 @@ class EncodeSettings:
             encoder.set_max_length(self.max_length)
         if self.passage_temperature is not None:  # after --long: it decides whether vectors are passages
             encoder.set_passage_temperature(self.passage_temperature)
+        if self.long_queries is not None:
+            encoder.set_long_queries(self.long_queries)
         if self.backend or self.precision:
             encoder.set_inference(self.backend, self.precision)
         return encoder
@@ -246,6 +260,18 @@ class Encoder(ABC):
             )
         self.config.passage_temperature = float(temperature)
 
+    def set_long_queries(self, long_queries: str) -> None:
+        """How a query of several passages is scored (see `long_queries`): for families whose multi-vector
+        output is passages ("passages")."""
+        self.require("passages")
+        check_long_queries(long_queries)
+        if not self.multi_vector:
+            raise NotSupportedError(
+                f"model {self.name!r} makes one vector per document: long_queries applies to its passage "
+                "output (sbert-windows, the student's --long late-chunks)"
+            )
+        self.config.long_queries = long_queries
+
     def passage_spans(self, texts: Sequence[str]) -> list:
         """Per text, the (start, end) character offsets of the passage each of its vectors pools (an
         (k, 2) int array), in the order `encode` gives the vectors: for a model whose vectors are passages."""
@@ -294,6 +320,13 @@ class Encoder(ABC):
         log-mean-exp of docembed.scoring.maxsim_one_to_many, chosen on validation."""
         return float(getattr(self.config, "passage_temperature", 0.0))
 
+    @property
+    def long_queries(self) -> str:
+        """How a query of several passages (a half, a page) is scored against documents of passages:
+        "passages" (each of its passages, as `passage_temperature` says) or "whole" (the cosine of the two
+        texts' passage means; see docembed.scoring.maxsim_one_to_many), chosen on validation."""
+        return str(getattr(self.config, "long_queries", "passages"))
+
     def metadata(self) -> dict[str, Any]:
         meta = {
             "model": self.name,
@@ -304,6 +337,8 @@ class Encoder(ABC):
         }
         if self.passage_temperature:  # an index built from these vectors scores them the same way
             meta["passage_temperature"] = self.passage_temperature
+        if self.long_queries != "passages":
+            meta["long_queries"] = self.long_queries
         if self.source and not _is_builtin_source(self.name, self.source):
             meta["model_source"] = self.source  # a saved model: by its path
         return meta

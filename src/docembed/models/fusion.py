@@ -169,8 +169,8 @@ class FusionScorer(Encoder):
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import score_matrix
 
-        temperature = self.model.passage_temperature
-        model = score_matrix(embed(self.model, queries), embed(self.model, candidates), temperature)
+        scoring = (self.model.passage_temperature, self.model.long_queries)
+        model = score_matrix(embed(self.model, queries), embed(self.model, candidates), *scoring)
         return self.lexical_scores(queries, candidates), np.asarray(model, dtype=np.float64)
 
     def lexical_scores(self, queries: Sequence[str], candidates: Sequence[str], pairs: bool = False):
@@ -224,7 +224,8 @@ class FusionScorer(Encoder):
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import score_pairs
 
-        pairs = score_pairs(embed(self.model, left), embed(self.model, right), self.model.passage_temperature)
+        scoring = (self.model.passage_temperature, self.model.long_queries)
+        pairs = score_pairs(embed(self.model, left), embed(self.model, right), *scoring)
         model = np.asarray(pairs, dtype=np.float64)
         parts = []
         for key, values in (("lexical", lexical), ("model", model)):

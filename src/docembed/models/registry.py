@@ -66,13 +66,15 @@ BUILTIN: dict[str, ZooEntry] = {
         "sbert",
         "all-MiniLM-L6-v2 over 256-token windows of the whole text, one vector per window (multi-vector): "
         "a document is scored by its passages, a smooth maximum over its windows (passage_temperature "
-        "0.03, chosen on the long-document val tasks; 0 is the best window, MaxP); `rerank --passages` "
-        "says which window matched",
+        "0.03; 0 is the best window, MaxP), and a query of several windows (a half) as a whole, the mean of "
+        "its windows against each document's (long_queries whole), both chosen on the long-document val "
+        "tasks; `rerank --passages` says which window matched",
         {
             "model_name_or_path": "all-MiniLM-L6-v2",
             "output": "windows",
             "max_seq_length": 256,
             "passage_temperature": 0.03,
+            "long_queries": "whole",
         },
     ),
     "retriever": ZooEntry(
@@ -93,7 +95,8 @@ BUILTIN: dict[str, ZooEntry] = {
         "student",
         "long-document Longformer (MiniLM, 2,048-token windows averaged over the whole document; --long "
         "truncate: the first window only; --long late-chunks: one vector per 256 tokens of the long passes, "
-        "scored as passages (--passage-temperature 0.01 was best on the long-document val tasks); "
+        "scored as passages (--passage-temperature 0.01 --long-queries whole was best on the long-document "
+        "val tasks); "
         "--max-length: longer passes) distilled from SBERT and Paragraph Vector",
         shipped=True,
     ),

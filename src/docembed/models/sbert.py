@@ -28,6 +28,7 @@ from docembed.models.base import (
     Encoder,
     EncoderConfig,
     NotSupportedError,
+    check_long_queries,
     check_temperature,
     read_config,
 )
@@ -64,17 +65,25 @@ class SBertConfig(EncoderConfig):
     window_overlap: int = 0  # chunks / windows: tokens each window shares with the one before
     # windows: how a document's windows pool when scored: 0 the best window (MaxP), > 0 smoother (scoring.py)
     passage_temperature: float = 0.0
+    # a query of several passages (a half): "passages" scores each, "whole" the two texts' means
+    long_queries: str = "passages"
     normalize: bool = True
     backend: str = "auto"  # auto | torch | openvino | onnx (inference only; the weights are the same)
     precision: str = "fp32"  # fp32 | int8
 
-    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_temperature", "backend", "precision")
+    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = (
+        "passage_temperature",
+        "long_queries",
+        "backend",
+        "precision",
+    )
 
     def __post_init__(self):
         if self.output not in OUTPUTS:
             raise UsageError(f"sbert output must be one of {', '.join(OUTPUTS)}, got {self.output!r}")
         inference_backends.check_choice(self.backend, self.precision)
         check_temperature(self.passage_temperature)
+        check_long_queries(self.long_queries)
 
 
 def _refuse_non_finite_weights(model, source: str) -> None:

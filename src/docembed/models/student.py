@@ -33,6 +33,7 @@ from docembed.models.base import (
     LONG_MODES,
     Encoder,
     EncoderConfig,
+    check_long_queries,
     check_temperature,
     load_state_dict,
     read_config,
@@ -78,11 +79,14 @@ class StudentConfig(EncoderConfig):
     chunk_tokens: int = 256  # late-chunks: tokens per vector (SBERT's window, the depth teacher's)
     # late-chunks: how a document's chunks pool when scored, 0 = the best chunk, > 0 smoother (scoring.py)
     passage_temperature: float = 0.0
+    # a query of several passages (a half): "passages" scores each, "whole" the two texts' means
+    long_queries: str = "passages"
 
-    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_temperature",)
+    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_temperature", "long_queries")
 
     def __post_init__(self):
         check_temperature(self.passage_temperature)
+        check_long_queries(self.long_queries)
 
 
 @register
