@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 from docembed.cli import app
 from docembed.errors import CorruptModelError, ModelNotFoundError, UsageError
 from docembed.models import registry, zoo
-from docembed.models.registry import BUILTIN, FIT_COMMANDS, load_model
+from docembed.models.registry import BUILTIN, FIT_COMMANDS, load_model, zoo_name
 from docembed.zoo import export as zoo_export
 
-SHIPPED = [name for name, entry in BUILTIN.items() if entry.shipped]
+# the zoo folders (a built-in reading another's weights with other settings has none of its own)
+SHIPPED = [name for name, entry in BUILTIN.items() if entry.shipped and not entry.weights]
 TEXTS = ["The film was a delight.", "A tedious, overlong movie. I left early.", ""]
 
 
@@ -154,7 +155,7 @@ def test_zoo_fits_the_size_budget():
 
 @pytest.mark.parametrize("name", list(BUILTIN))
 def test_every_builtin_loads_and_encodes(name):
-    if BUILTIN[name].shipped and not zoo.shipped(name):
+    if BUILTIN[name].shipped and not zoo.shipped(zoo_name(name)):
         pytest.skip(
             f"{name}: no weights in src/docembed/zoo/{name}/ yet (the lead exports them with `make zoo`)"
         )
@@ -193,8 +194,10 @@ def test_every_builtin_is_listed_with_how_to_get_it():
     assert set(BUILTIN) | set(FIT_COMMANDS) <= set(rows)
     for name, command in FIT_COMMANDS.items():
         assert rows[name]["get"] == command
-    for name in SHIPPED:
-        assert rows[name]["get"] == ("shipped" if zoo.shipped(name) else "not shipped yet: `make zoo`")
+    for name in (n for n, entry in BUILTIN.items() if entry.shipped):
+        assert rows[name]["get"] == (
+            "shipped" if zoo.shipped(zoo_name(name)) else "not shipped yet: `make zoo`"
+        )
     assert rows["sbert"]["get"] == "ready"
 
 
@@ -305,3 +308,26 @@ def test_sbert_chunks_reads_past_the_first_window():
     np.testing.assert_allclose(np.linalg.norm(a, axis=1), 1.0, atol=1e-5)
     assert float(a[0] @ b[0]) > 0.9999  # one window: the same as sbert
     assert float(a[1] @ b[1]) < 0.99  # later windows count: sbert stops at 256 tokens
+
+
+def test_a_builtin_reading_another_ones_weights_applies_its_settings_and_is_recorded_by_name(capfd, tmp_path):
+    """`student-passages` is the shipped student with the passage settings validation chose: loaded by name,
+    recorded by name (never the zoo path of the weights it reads), so an index of it searches with it."""
+    if not zoo.shipped(zoo_name("student-passages")):
+        pytest.skip("the student is not exported in this checkout")
+    from cli_helpers import invoke
+
+    model = _builtin("student-passages")
+    assert model.multi_vector and model.config.long_documents == "late-chunks"
+    assert (model.passage_temperature, model.long_queries) == (0.01, "whole")
+    meta = model.metadata()
+    assert meta["model"] == "student-passages" and "model_source" not in meta
+    assert meta["long_queries"] == "whole" and meta["passage_temperature"] == 0.01
+    corpus = tmp_path / "docs.jsonl"
+    texts = ["the rocket launched at noon from the coast", "a recipe for bread with rye flour"]
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    assert invoke(capfd, "encode", corpus, "-m", "student-passages", "-o", tmp_path / "e.npz").code == 0
+    assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "i").code == 0
+    found = invoke(capfd, "search", tmp_path / "i", "--query", "rye bread", "-k", "1")
+    assert found.code == 0, found.err
+    assert json.loads(found.out)["results"][0]["id"] == "d1"

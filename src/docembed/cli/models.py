@@ -30,10 +30,10 @@ def models(
 
     if card:
         from docembed.models import zoo
-        from docembed.models.registry import BUILTIN, FIT_COMMANDS, fit_card
+        from docembed.models.registry import BUILTIN, FIT_COMMANDS, fit_card, zoo_name
 
         if card in BUILTIN and BUILTIN[card].shipped:
-            typer.echo(zoo.card(card), nl=False)
+            typer.echo(zoo.card(zoo_name(card)), nl=False)
             return
         fitted_card = fit_card(card)
         if fitted_card is not None:

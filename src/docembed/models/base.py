@@ -358,13 +358,13 @@ class Encoder(ABC):
 
 
 # The package's zoo (docembed/zoo/<name>/): a built-in model loaded from it is recorded by its name (with the
-# docembed version), which every installation resolves, never by this installation's absolute path.
+# docembed version), which every installation resolves, never by this installation's absolute path. The name
+# may be another built-in reading the same weights (`student-passages` reads zoo/student).
 _ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
 
 
 def _is_builtin_source(name: str, source: str) -> bool:
-    path = Path(source)
-    return path.name == name and path.parent == _ZOO_DIR
+    return Path(source).parent == _ZOO_DIR
 
 
 def _same_kind(value: Any, default: Any) -> bool:

@@ -30,12 +30,20 @@ from docembed.runtime import models_home, quiet_third_party
 @dataclass(frozen=True)
 class ZooEntry:
     """A built-in model name: which family builds it, with which config, and what it is. `shipped` entries
-    are trained models whose weights live in the package's zoo (docembed/zoo/<name>/)."""
+    are trained models whose weights live in the package's zoo (docembed/zoo/<name>/, or the folder of
+    `weights`, another entry's, read with `settings`: docembed.models.base.EncodeSettings' fields)."""
 
     family: str
     description: str
     config: dict[str, Any] = field(default_factory=dict)
     shipped: bool = False
+    weights: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def zoo_name(name: str) -> str:
+    """The zoo folder a shipped built-in loads its weights from: its own, or the entry's `weights`."""
+    return BUILTIN[name].weights or name
 
 
 BUILTIN: dict[str, ZooEntry] = {
@@ -99,6 +107,15 @@ BUILTIN: dict[str, ZooEntry] = {
         "val tasks); "
         "--max-length: longer passes) distilled from SBERT and Paragraph Vector",
         shipped=True,
+    ),
+    "student-passages": ZooEntry(
+        "student",
+        "the student's late chunks scored as passages, the setting validation chose for finding the part of "
+        "a long document without a lexical part (--long late-chunks --passage-temperature 0.01 "
+        "--long-queries whole: one vector per 256 tokens of its 2,048-token passes, a long query read whole)",
+        shipped=True,
+        weights="student",
+        settings={"long_documents": "late-chunks", "passage_temperature": 0.01, "long_queries": "whole"},
     ),
     "quickthoughts": ZooEntry(
         "quickthoughts",
@@ -236,8 +253,10 @@ class ResolvedModel:
             entry = BUILTIN[self.name]
             if entry.shipped:
                 from docembed.models import zoo
+                from docembed.models.base import EncodeSettings
 
-                return zoo.load(zoo.model_dir(self.name), device=device, name=self.name)
+                encoder = zoo.load(zoo.model_dir(zoo_name(self.name)), device=device, name=self.name)
+                return EncodeSettings(**entry.settings).apply(encoder)
             cls = get_family(entry.family)
             return cls(cls.config_class.from_dict(entry.config), name=self.name).to(device)
         cls = get_family("sbert")  # a hub id: the families that load one are sentence-transformers'
@@ -365,7 +384,7 @@ def how_to_get(name: str) -> str:
     if entry is not None and entry.shipped:
         from docembed.models import zoo
 
-        return "shipped" if zoo.shipped(name) else "not shipped yet: `make zoo`"
+        return "shipped" if zoo.shipped(zoo_name(name)) else "not shipped yet: `make zoo`"
     if name in FIT_COMMANDS:
         return FIT_COMMANDS[name]
     if name == "sbert-mpnet":
