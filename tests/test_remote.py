@@ -84,8 +84,20 @@ def test_no_server_there_is_one_line(capfd, served):
 def test_what_would_change_the_served_model_is_refused(capfd, served):
     url, folder = served
     docs = folder / "docs.jsonl"
-    for extra in (["--fit"], ["--workers", "2"], ["--long", "windows"]):
+    for extra in (["--fit"], ["--workers", "2"], ["--long", "windows"], ["--long-queries", "whole"]):
         result = invoke(
             capfd, "--server", url, "encode", docs, "-m", "glove-avg", "-o", folder / "x.npy", *extra
         )
         assert result.code == 2 and "leave out --server" in result.err, extra
+
+
+def test_the_remote_model_scores_passages_as_the_served_one_does():
+    from docembed.remote import RemoteEncoder
+
+    health = {"model": "sbert-windows", "family": "sbert", "dim": 384, "multi_vector": True, "metadata": {}}
+    remote = RemoteEncoder(
+        "http://127.0.0.1:1", {**health, "passage_temperature": 0.03, "long_queries": "whole"}
+    )
+    assert (remote.passage_temperature, remote.long_queries) == (0.03, "whole")
+    older = RemoteEncoder("http://127.0.0.1:1", health)  # a server from before the settings: the defaults
+    assert (older.passage_temperature, older.long_queries) == (0.0, "passages")
