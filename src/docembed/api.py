@@ -68,17 +68,8 @@ def load(
     student's late chunks): 0 the best passage, larger values smoother, towards the mean of all of them.
     long_queries: how a query of several passages (a half, a page) is scored, "passages" (each of them)
     or "whole" (the two texts' passage means, which validation chose for sbert-windows' default)."""
-    settings = EncodeSettings(
-        ratio,
-        long_documents,
-        backend,
-        precision,
-        selector,
-        max_vectors,
-        max_length,
-        passage_temperature,
-        long_queries,
-    )
+    settings = EncodeSettings(ratio, long_documents, backend, precision, selector, max_vectors, max_length,
+                              passage_temperature, long_queries)  # fmt: skip
     encoder = settings.apply(load_model(str(name_or_dir), device=resolve_device(device)))
     return Model(encoder, prompts=prompts)
 

@@ -182,15 +182,8 @@ def encode(
                 "--workers/--threads are for the local engine; with --engine ray use --num-workers and "
                 "--cpus-per-worker"
             )
-        local_only = (
-            backend,
-            precision,
-            selector,
-            max_vectors,
-            max_length,
-            passage_temperature,
-            long_queries,
-        )
+        local_only = (backend, precision, selector, max_vectors, max_length, passage_temperature,
+                      long_queries)  # fmt: skip
         if any(v is not None for v in local_only) or storage != "float32":
             raise UsageError(
                 "--backend/--precision/--selector/--max-vectors/--max-length/--passage-temperature/"
