@@ -18,11 +18,11 @@ windows, the `sbert` default), passage scoring over sbert's windows (the best wi
 max at each temperature of TEMPERATURES: log-mean-exp of the windows' cosines), the student (2,048-token
 windows averaged) and passage scoring over its late chunks, the retriever's passages and windows' mean;
 each passage scoring also with the aggregation following the query ("whole for long queries", the models'
-`long_queries="whole"`: a query of several windows, a half, and each document read as wholes, the cosine of
-their windows' means, and a short query scored by its passages); every
-lexical rule fused with the whole-document readings and with each family's passage configuration best on
-val (z-score convex and RRF), the weight chosen once on all val tasks together (the mean of the tasks'
-MRRs, so one default holds across kinds of text) and applied unchanged to test.
+`long_queries="whole"`: a query of many windows, a half, and each document read as wholes, the cosine of
+their windows' means, and a shorter query scored by its passages); every lexical rule fused with the
+whole-document readings and with each family's passage configurations best on val, one of each reading
+(z-score convex and RRF), the weight chosen once on all val tasks together (the mean of the tasks' MRRs, so
+one default holds across kinds of text) and applied unchanged to test.
 Embeddings are cached under runs/long_retrieval/ by model and task text (a rerun scores new
 configurations without encoding again); the summary goes to bench/results/long_retrieval.json.
 
@@ -248,12 +248,18 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
 
 def fused_models(rr: dict) -> list[str]:
     """The model configurations fused with the lexical rules: the whole-document defaults (sbert-chunks, the
-    student) and each family's passage scoring at the temperature best on val (mean over the val tasks)."""
+    student) and each family's passage scoring at the temperature best on val (mean over the val tasks),
+    with every query scored by its passages and with long queries read whole."""
     chosen = [m for m in ("sbert-chunks", "student", "retriever-chunks") if m in rr]
     for family in ("sbert", "student", "retriever"):
-        passages = [m for m in rr if m.startswith(f"{family} passages")]
-        if passages:
-            chosen.append(max(passages, key=lambda m: np.mean([v.mean() for v in rr[m]["val"].values()])))
+        for whole in (False, True):
+            passages = [
+                m
+                for m in rr
+                if m.startswith(f"{family} passages") and m.endswith(", whole for long queries") == whole
+            ]
+            if passages:
+                chosen.append(max(passages, key=lambda m: np.mean([v.mean() for v in rr[m]["val"].values()])))
     return chosen
 
 

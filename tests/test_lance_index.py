@@ -82,7 +82,7 @@ def test_dense_search_matches_the_faiss_flat_index(tmp_path):
 def test_multi_vector_search_is_mean_maxsim(tmp_path):
     from docembed.faiss_index import VectorIndex
     from docembed.lance_index import LanceIndex
-    from docembed.scoring import maxsim_one_to_many
+    from docembed.scoring import LONG_QUERY_PASSAGES, maxsim_one_to_many
 
     rng = np.random.default_rng(7)
     docs = _multi(rng, 80)
@@ -106,9 +106,9 @@ def test_multi_vector_search_is_mean_maxsim(tmp_path):
     np.testing.assert_allclose([s for _, s in hits], exact[order], atol=1e-5)
     # a model that reads a long query whole (long_queries): its candidates rescored the same way
     whole = LanceIndex.build(tmp_path / "w", EmbeddingSet(docs, emb.ids, {"long_queries": "whole"}))
-    long_query = next(i for i in range(len(queries)) if len(queries[i]) >= 2)
-    hits = whole.search(queries.select([long_query]), 5)[0]
-    exact = maxsim_one_to_many(queries[long_query], docs, 0.0, "whole")
+    long_query = MultiVectors.from_list([_unit(rng, LONG_QUERY_PASSAGES, 16)])
+    hits = whole.search(long_query, 5)[0]
+    exact = maxsim_one_to_many(long_query[0], docs, 0.0, "whole")
     order = np.argsort(-exact, kind="stable")[:5]
     assert [h for h, _ in hits] == [f"d{j}" for j in order]
     np.testing.assert_allclose([s for _, s in hits], exact[order], atol=1e-5)

@@ -11,7 +11,7 @@ import pytest
 import docembed
 from cli_helpers import invoke
 from docembed.models.base import NotSupportedError
-from docembed.scoring import maxsim_one_to_many
+from docembed.scoring import LONG_QUERY_PASSAGES, maxsim_one_to_many
 
 QUERY = "the cat sat on the mat"
 # long enough for several of the tiny model's windows each, with one part about the query
@@ -185,12 +185,12 @@ def test_a_fusion_of_built_ins_uses_its_validated_weight_and_exact_tfidf():
 
 
 def test_long_queries_read_whole_in_the_api_encode_and_the_index(capfd, tmp_path, passages_dir):
-    """`long_queries="whole"`: a query of several windows (a whole document here) is scored by the two texts'
+    """`long_queries="whole"`: a query of many windows (a whole document here) is scored by the two texts'
     window means, a short query by its passages; encode records the setting and search scores with it."""
     model = docembed.load(str(passages_dir), device="cpu", long_queries="whole")
     assert model.encoder.long_queries == "whole" and model.encoder.metadata()["long_queries"] == "whole"
     vectors = model.encode([DOCS[2], QUERY, *DOCS])
-    assert len(vectors[0]) >= 2 and len(vectors[1]) == 1  # a long and a short query
+    assert len(vectors[0]) >= LONG_QUERY_PASSAGES and len(vectors[1]) == 1  # a long and a short query
     docs = vectors.select([2, 3, 4])
     np.testing.assert_allclose(
         model.similarity([DOCS[2]], DOCS)[0], maxsim_one_to_many(vectors[0], docs, 0.05, "whole"), rtol=1e-5

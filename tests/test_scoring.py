@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from docembed.scoring import (
+    LONG_QUERY_PASSAGES,
     maxsim_one_to_many,
     maxsim_pairs,
     rank,
@@ -118,12 +119,13 @@ def naive_whole(q, d):
 def test_a_long_query_read_whole_scores_the_means_and_a_short_one_its_passages():
     rng = np.random.default_rng(5)
     docs = random_multi(rng, [3, 1, 5, 0])
-    long_query, short_query = rng.standard_normal((3, 8)), rng.standard_normal((1, 8))
+    long_query = rng.standard_normal((LONG_QUERY_PASSAGES, 8))
+    short_query = rng.standard_normal((LONG_QUERY_PASSAGES - 1, 8))
     whole = maxsim_one_to_many(long_query, docs, 0.1, "whole")
     np.testing.assert_allclose(whole[:3], [naive_whole(long_query, docs[i]) for i in range(3)], rtol=1e-5)
     assert whole[3] == -1.0  # a document without vectors still scores the lowest cosine
     assert not np.allclose(whole, maxsim_one_to_many(long_query, docs, 0.1))
-    # one passage is no long query: its passages are scored as before, at the temperature
+    # fewer passages make no long query: they are scored as before, at the temperature
     np.testing.assert_array_equal(
         maxsim_one_to_many(short_query, docs, 0.1, "whole"), maxsim_one_to_many(short_query, docs, 0.1)
     )

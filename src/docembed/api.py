@@ -66,7 +66,7 @@ def load(
     by `encode_query` / `encode_document` (keys "query", "document"), as for models trained with
     instructions. passage_temperature: how a document's passages pool when it is scored (sbert-windows, the
     student's late chunks): 0 the best passage, larger values smoother, towards the mean of all of them.
-    long_queries: how a query of several passages (a half, a page) is scored, "passages" (each of them)
+    long_queries: how a long query (6 passages or more, a half) is scored, "passages" (each of them)
     or "whole" (the two texts' passage means, which validation chose for sbert-windows' default)."""
     settings = EncodeSettings(ratio, long_documents, backend, precision, selector, max_vectors, max_length,
                               passage_temperature, long_queries)  # fmt: skip

@@ -184,7 +184,7 @@ class VectorIndex:
 
     @property
     def long_queries(self) -> str:
-        """How a query of several passages is scored, as its model scores it (recorded by encode)."""
+        """How a long query is scored, as its model scores it (recorded by encode)."""
         return str(self.metadata.get("long_queries", "passages"))
 
     @classmethod

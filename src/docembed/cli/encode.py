@@ -83,7 +83,7 @@ def encode(
     long_queries: str = typer.Option(
         None,
         "--long-queries",
-        help="sbert-windows, student --long late-chunks: how a query of several passages (a half, a page) "
+        help="sbert-windows, student --long late-chunks: how a long query (6 passages or more, a half) "
         "is scored, passages (each of its passages) | whole (the two texts' passage means, sbert-windows' "
         "default, chosen on the long-document val tasks); recorded for search and indexes.",
     ),

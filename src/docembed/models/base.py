@@ -261,7 +261,7 @@ class Encoder(ABC):
         self.config.passage_temperature = float(temperature)
 
     def set_long_queries(self, long_queries: str) -> None:
-        """How a query of several passages is scored (see `long_queries`): for families whose multi-vector
+        """How a long query is scored (see `long_queries`): for families whose multi-vector
         output is passages ("passages")."""
         self.require("passages")
         check_long_queries(long_queries)
@@ -322,7 +322,8 @@ class Encoder(ABC):
 
     @property
     def long_queries(self) -> str:
-        """How a query of several passages (a half, a page) is scored against documents of passages:
+        """How a long query (a half of a long document: docembed.scoring.LONG_QUERY_PASSAGES passages or
+        more) is scored against documents of passages:
         "passages" (each of its passages, as `passage_temperature` says) or "whole" (the cosine of the two
         texts' passage means; see docembed.scoring.maxsim_one_to_many), chosen on validation."""
         return str(getattr(self.config, "long_queries", "passages"))

@@ -74,7 +74,7 @@ BUILTIN: dict[str, ZooEntry] = {
         "sbert",
         "all-MiniLM-L6-v2 over 256-token windows of the whole text, one vector per window (multi-vector): "
         "a document is scored by its passages, a smooth maximum over its windows (passage_temperature "
-        "0.03; 0 is the best window, MaxP), and a query of several windows (a half) as a whole, the mean of "
+        "0.03; 0 is the best window, MaxP), and a long query (6+ windows, a half) as a whole, the mean of "
         "its windows against each document's (long_queries whole), both chosen on the long-document val "
         "tasks; `rerank --passages` says which window matched",
         {

@@ -65,7 +65,7 @@ class SBertConfig(EncoderConfig):
     window_overlap: int = 0  # chunks / windows: tokens each window shares with the one before
     # windows: how a document's windows pool when scored: 0 the best window (MaxP), > 0 smoother (scoring.py)
     passage_temperature: float = 0.0
-    # a query of several passages (a half): "passages" scores each, "whole" the two texts' means
+    # a long query (scoring.LONG_QUERY_PASSAGES, a half): "passages" scores each, "whole" the texts' means
     long_queries: str = "passages"
     normalize: bool = True
     backend: str = "auto"  # auto | torch | openvino | onnx (inference only; the weights are the same)

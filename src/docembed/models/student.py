@@ -79,7 +79,7 @@ class StudentConfig(EncoderConfig):
     chunk_tokens: int = 256  # late-chunks: tokens per vector (SBERT's window, the depth teacher's)
     # late-chunks: how a document's chunks pool when scored, 0 = the best chunk, > 0 smoother (scoring.py)
     passage_temperature: float = 0.0
-    # a query of several passages (a half): "passages" scores each, "whole" the two texts' means
+    # a long query (scoring.LONG_QUERY_PASSAGES, a half): "passages" scores each, "whole" the texts' means
     long_queries: str = "passages"
 
     INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_temperature", "long_queries")
