@@ -64,7 +64,7 @@ def maxsim_one_to_many(
     `temperature` > 0 replaces each max by its smooth form over the document's vectors (passages), the
     log-mean-exp `t * log(mean_j exp(s_j / t))`: 0 is the best passage (MaxP), large values tend to the mean
     of the passages' cosines, so one number moves from "the part the query is about" to "the whole".
-    `long_queries="whole"` scores a query of several vectors by `whole_cosines` instead."""
+    `long_queries="whole"` scores a long query (LONG_QUERY_PASSAGES vectors or more) by `whole_cosines`."""
     if len(query) == 0 or len(docs) == 0:
         return np.zeros(len(docs), dtype=np.float32)
     if reads_whole(query, long_queries) and len(docs.vectors):
