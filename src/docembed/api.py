@@ -20,7 +20,7 @@ from docembed.errors import TruncationWarning, UsageError
 from docembed.models.base import Encoder, EncodeSettings, save_encoder
 from docembed.models.registry import load_model
 from docembed.runtime import progress_shown, resolve_device
-from docembed.scoring import score_matrix
+from docembed.scoring import passage_scoring, score_matrix
 from docembed.types import MultiVectors, Vectors, normalize_vectors
 
 ConvertTo = Literal["numpy", "torch"]
@@ -291,7 +291,7 @@ class Model:
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
-        return score_matrix(left, right, self.encoder.passage_temperature, self.encoder.long_queries)
+        return score_matrix(left, right, *passage_scoring(self.encoder))
 
     def best_passages(self, query: str, documents: Sequence[str]) -> list[dict]:
         """Per document, the passage `query` is about: {"start", "end"} (character offsets into the

@@ -31,7 +31,7 @@ import numpy as np
 from docembed.errors import DocembedError, UsageError
 from docembed.io.embeddings import STORAGES
 from docembed.io.outputs import DirectoryKind, atomic_path, directory_output, output_lock
-from docembed.scoring import maxsim_one_to_many
+from docembed.scoring import maxsim_one_to_many, passage_scoring
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors, l2_normalize
 
 KINDS = ("flat", "hnsw", "ivf")
@@ -252,9 +252,7 @@ class VectorIndex:
                 results.append([])
                 continue
             found = self._shortlist(every_hit[start:stop], every_sim[start:stop], settings["rescore"])
-            scores = maxsim_one_to_many(
-                query, _gather(self.multi, found), self.passage_temperature, self.long_queries
-            )
+            scores = maxsim_one_to_many(query, _gather(self.multi, found), *passage_scoring(self))
             order = np.argsort(-scores, kind="stable")[:k]
             results.append([(self.ids[found[j]], float(scores[j])) for j in order])
         return results
@@ -466,9 +464,7 @@ class VectorIndex:
         if self.multi is not None:
             vectors = l2_normalize(query.vectors.astype(np.float32))
             return (
-                maxsim_one_to_many(
-                    vectors, self.multi.select(rows), self.passage_temperature, self.long_queries
-                )
+                maxsim_one_to_many(vectors, self.multi.select(rows), *passage_scoring(self))
                 if len(vectors)
                 else np.zeros(len(rows))
             )

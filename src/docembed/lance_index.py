@@ -34,7 +34,7 @@ import numpy as np
 from docembed.errors import DocembedError, UsageError
 from docembed.faiss_index import INDEX_DIRECTORY, _refuse_non_finite, check_queries
 from docembed.io.outputs import DirectoryKind, output_lock
-from docembed.scoring import maxsim_one_to_many, reads_whole
+from docembed.scoring import maxsim_one_to_many, passage_scoring, reads_whole
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
 
 TABLE = "documents"
@@ -358,8 +358,7 @@ class LanceIndex:
             scores = 1.0 - found["_distance"].to_numpy().astype(np.float64) / len(query)
         else:
             docs = _multi_from_arrow(found["vector"], self.dim)
-            scores = maxsim_one_to_many(query, docs, self.passage_temperature, self.long_queries)
-            scores = scores.astype(np.float64)
+            scores = maxsim_one_to_many(query, docs, *passage_scoring(self)).astype(np.float64)
         order = np.argsort(-scores, kind="stable")[:k]
         return [(ids[j], float(scores[j])) for j in order]
 
@@ -458,8 +457,7 @@ class LanceIndex:
             return np.zeros(0)
         if self.is_multi:
             vectors = l2_normalize(np.asarray(query.vectors, dtype=np.float32))
-            scores = maxsim_one_to_many(vectors, stored, self.passage_temperature, self.long_queries)
-            return scores.astype(np.float64)
+            return maxsim_one_to_many(vectors, stored, *passage_scoring(self)).astype(np.float64)
         vector = l2_normalize(np.asarray(query, dtype=np.float32)).ravel()
         return stored.astype(np.float64) @ vector
 

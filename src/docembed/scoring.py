@@ -38,6 +38,13 @@ LONG_QUERIES = ("passages", "whole")
 LONG_QUERY_PASSAGES = 6
 
 
+def passage_scoring(scorer) -> tuple[float, str]:
+    """(passage_temperature, long_queries) of a model or an index: the last two arguments of the scoring
+    functions below, as it scores passages (the defaults for one without passages)."""
+    temperature = float(getattr(scorer, "passage_temperature", 0.0))
+    return temperature, str(getattr(scorer, "long_queries", "passages"))
+
+
 def reads_whole(query: np.ndarray, long_queries: str) -> bool:
     """Whether `long_queries` scores this query (its passage vectors, (m, d)) as a whole."""
     if long_queries not in LONG_QUERIES:

@@ -14,7 +14,7 @@ from docembed.encoding import capped
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
-from docembed.scoring import best_passages, rank, score_one_to_many, score_pairs
+from docembed.scoring import best_passages, passage_scoring, rank, score_one_to_many, score_pairs
 from docembed.types import MultiVectors, Vectors
 
 
@@ -26,12 +26,7 @@ def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str],
     if getattr(model, "scorer_only", False):
         return np.array([model.score(a, [b])[0] for a, b in zip(left, right, strict=True)], dtype=np.float32)
     left_vectors, right_vectors = _encode(model, left, batch_size), _encode(model, right, batch_size)
-    return score_pairs(
-        left_vectors,
-        right_vectors,
-        getattr(model, "passage_temperature", 0.0),
-        getattr(model, "long_queries", "passages"),
-    )
+    return score_pairs(left_vectors, right_vectors, *passage_scoring(model))
 
 
 def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: str, docs=None):
@@ -105,8 +100,7 @@ def rerank_rows(
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
             else:
-                scoring = (model.passage_temperature, model.long_queries)
-                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), *scoring)
+                scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), *passage_scoring(model))
             key = "id" if by_id else "text"
             order = rank(scores)
             ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order]

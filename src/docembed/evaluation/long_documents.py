@@ -280,7 +280,7 @@ class HalvesValidation(Halves):
 
 def _pair_reciprocal_ranks(task: Evaluator, model, queries: list[str], candidates: list[str]) -> np.ndarray:
     """Reciprocal rank of candidate i for query i among all candidates (ties counted against it)."""
-    from docembed.scoring import cosine_matrix, maxsim_one_to_many
+    from docembed.scoring import cosine_matrix, maxsim_one_to_many, passage_scoring
 
     if getattr(model, "scorer_only", False):
         rows = scorer_rows(task, model, queries, candidates)
@@ -291,8 +291,7 @@ def _pair_reciprocal_ranks(task: Evaluator, model, queries: list[str], candidate
     else:
         q, c = task.embed(model, queries), task.embed(model, candidates)
         if isinstance(q, MultiVectors):
-            scoring = (model.passage_temperature, model.long_queries)
-            rows = [maxsim_one_to_many(q[i], c, *scoring) for i in range(len(q))]
+            rows = [maxsim_one_to_many(q[i], c, *passage_scoring(model)) for i in range(len(q))]
         else:
             rows = list(cosine_matrix(q, c))
     return metrics.reciprocal_ranks(

@@ -22,7 +22,7 @@ def scorer_rows(task, model, queries: list[str], candidates: list[str]) -> list[
 
 def similarity_rows(task, model, texts: list[str]) -> Iterable[np.ndarray]:
     """Rows of the document-document similarity matrix (one at a time for multi-vector models)."""
-    from docembed.scoring import cosine_matrix, maxsim_one_to_many
+    from docembed.scoring import cosine_matrix, maxsim_one_to_many, passage_scoring
 
     if getattr(model, "scorer_only", False):
         return scorer_rows(task, model, texts, texts)
@@ -31,7 +31,7 @@ def similarity_rows(task, model, texts: list[str]) -> Iterable[np.ndarray]:
         return np.asarray((vectors @ vectors.T).todense(), dtype=np.float32)
     vectors = task.embed(model, texts)
     if isinstance(vectors, MultiVectors):
-        scoring = (model.passage_temperature, model.long_queries)
+        scoring = passage_scoring(model)
         return (maxsim_one_to_many(vectors[i], vectors, *scoring) for i in range(len(vectors)))
     return cosine_matrix(vectors, vectors)
 

@@ -107,7 +107,7 @@ class ParaphraseIdentification(Evaluator):
             texts = [docs[i] for i in needed]
             sparse = model.supports("sparse")
             vectors = model.encode_sparse(texts) if sparse else self.embed(model, texts)
-            from docembed.scoring import score_one_to_many
+            from docembed.scoring import passage_scoring, score_one_to_many
 
             for source, candidates, gold in shuffled:
                 rows = [row[c] for c in candidates]
@@ -115,10 +115,7 @@ class ParaphraseIdentification(Evaluator):
                     scores = np.asarray((vectors[rows] @ vectors[row[source]].T).todense()).ravel()
                 else:
                     scores = score_one_to_many(
-                        _rows(vectors, [row[source]]),
-                        _rows(vectors, rows),
-                        model.passage_temperature,
-                        model.long_queries,
+                        _rows(vectors, [row[source]]), _rows(vectors, rows), *passage_scoring(model)
                     )
                 score_lists.append(scores)
                 golds.append(gold)
@@ -275,7 +272,7 @@ class SemanticSimilarity(Evaluator):
         return "the task's training split" if self.read_from_data_root else "the pairs' sentences"
 
     def compute(self, model) -> dict[str, Any]:
-        from docembed.scoring import score_pairs
+        from docembed.scoring import passage_scoring, score_pairs
 
         sentences = sorted(set(self.sentences1) | set(self.sentences2))
         index = {s: i for i, s in enumerate(sentences)}
@@ -286,9 +283,7 @@ class SemanticSimilarity(Evaluator):
             predicted = _sparse_rowwise_dot(vectors[left], vectors[right])
         else:
             vectors = self.embed(model, sentences)
-            predicted = score_pairs(
-                _rows(vectors, left), _rows(vectors, right), model.passage_temperature, model.long_queries
-            )
+            predicted = score_pairs(_rows(vectors, left), _rows(vectors, right), *passage_scoring(model))
         gold = np.array(self.scores)
         from scipy.stats import pearsonr
 

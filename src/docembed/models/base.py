@@ -253,11 +253,7 @@ class Encoder(ABC):
         whose multi-vector output is passages ("passages": sbert windows, the student's late chunks)."""
         self.require("passages")
         check_temperature(temperature)
-        if not self.multi_vector:
-            raise NotSupportedError(
-                f"model {self.name!r} makes one vector per document: passage_temperature applies to its "
-                "passage output (sbert-windows, the student's --long late-chunks)"
-            )
+        self._require_passage_output("passage_temperature")
         self.config.passage_temperature = float(temperature)
 
     def set_long_queries(self, long_queries: str) -> None:
@@ -265,12 +261,15 @@ class Encoder(ABC):
         output is passages ("passages")."""
         self.require("passages")
         check_long_queries(long_queries)
+        self._require_passage_output("long_queries")
+        self.config.long_queries = long_queries
+
+    def _require_passage_output(self, setting: str) -> None:
         if not self.multi_vector:
             raise NotSupportedError(
-                f"model {self.name!r} makes one vector per document: long_queries applies to its passage "
+                f"model {self.name!r} makes one vector per document: {setting} applies to its passage "
                 "output (sbert-windows, the student's --long late-chunks)"
             )
-        self.config.long_queries = long_queries
 
     def passage_spans(self, texts: Sequence[str]) -> list:
         """Per text, the (start, end) character offsets of the passage each of its vectors pools (an
@@ -340,7 +339,7 @@ class Encoder(ABC):
             meta["passage_temperature"] = self.passage_temperature
         if self.long_queries != "passages":
             meta["long_queries"] = self.long_queries
-        if self.source and not _is_builtin_source(self.name, self.source):
+        if self.source and Path(self.source).parent != _ZOO_DIR:
             meta["model_source"] = self.source  # a saved model: by its path
         return meta
 
@@ -362,10 +361,6 @@ class Encoder(ABC):
 # docembed version), which every installation resolves, never by this installation's absolute path. The name
 # may be another built-in reading the same weights (`student-passages` reads zoo/student).
 _ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"
-
-
-def _is_builtin_source(name: str, source: str) -> bool:
-    return Path(source).parent == _ZOO_DIR
 
 
 def _same_kind(value: Any, default: Any) -> bool:

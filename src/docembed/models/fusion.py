@@ -167,9 +167,9 @@ class FusionScorer(Encoder):
         """The raw scores of each part, (len(queries), len(candidates)) each: lexical, model."""
         queries, candidates = list(queries), list(candidates)
         embed = embed or (lambda model, texts: model.encode(texts))
-        from docembed.scoring import score_matrix
+        from docembed.scoring import passage_scoring, score_matrix
 
-        scoring = (self.model.passage_temperature, self.model.long_queries)
+        scoring = passage_scoring(self.model)
         model = score_matrix(embed(self.model, queries), embed(self.model, candidates), *scoring)
         return self.lexical_scores(queries, candidates), np.asarray(model, dtype=np.float64)
 
@@ -222,10 +222,9 @@ class FusionScorer(Encoder):
         left, right = list(left), list(right)
         lexical = self.lexical_scores(left, right, pairs=True)
         embed = embed or (lambda model, texts: model.encode(texts))
-        from docembed.scoring import score_pairs
+        from docembed.scoring import passage_scoring, score_pairs
 
-        scoring = (self.model.passage_temperature, self.model.long_queries)
-        pairs = score_pairs(embed(self.model, left), embed(self.model, right), *scoring)
+        pairs = score_pairs(embed(self.model, left), embed(self.model, right), *passage_scoring(self.model))
         model = np.asarray(pairs, dtype=np.float64)
         parts = []
         for key, values in (("lexical", lexical), ("model", model)):
