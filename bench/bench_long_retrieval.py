@@ -2,7 +2,11 @@
 lexical rule, whole-document and passage-scoring model, and their fusions, on val and test splits.
 
 Tasks (every document of a split is a candidate; query i's one right answer is document i; MRR x100 with
-ties counted against the gold; paired differences on the same queries):
+ties counted against the gold; paired differences on the same queries). A *duplicate answer*, another
+candidate that holds at least half of the query's word 8-grams (the query's text is in it: gcloud's alpha,
+beta and GA pages share most of their text, a news post quotes another), is left out of that query's ranking:
+its text is what the query asks for, so ranking it first is no error (before 2026-11-28, 27 of man-part's 53
+test queries and 29 of ng-thread's 150 counted it as one):
 - man-part / man-halves: bench_long's tasks on this machine's long man pages (2,000-10,000 words): a passage
   of 60-200 words from the middle -> its page with the passage taken out; first half -> second half;
 - man-summary: a page's one-line description from its NAME section (`lexgrog`, the command's name left
@@ -38,6 +42,7 @@ import hashlib
 import json
 import os
 import pathlib
+import re
 import sys
 import time
 import warnings
@@ -71,6 +76,8 @@ PASSAGE_FAMILY = {"sbert-windows": "sbert", "student-late-chunks": "student", "r
 LEXICAL = ("tfidf", "bm25", "bm25-english")
 NG_QUERY_WORDS = 30
 NG_POSTS_PER_DOC = 12
+DUPLICATE_NGRAM = 8  # words; a shorter query is one n-gram of all its words
+DUPLICATE_SHARE = 0.5  # of the query's n-grams found in another candidate: a duplicate answer
 
 
 # --- tasks --------------------------------------------------------------------------------------------------
@@ -137,9 +144,44 @@ def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]
     return tasks
 
 
+def word_ngrams(words: list[str], n: int) -> set[tuple[str, ...]]:
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def duplicate_answers(queries: list[str], candidates: list[str]) -> np.ndarray:
+    """[i, j]: candidate j (not i, the answer) holds at least DUPLICATE_SHARE of query i's word n-grams."""
+    words = [re.findall(r"\w+", text.lower()) for text in candidates]
+    candidate_ngrams: dict[int, list[set]] = {}  # n -> each candidate's n-grams
+    excluded = np.zeros((len(queries), len(candidates)), dtype=bool)
+    for i, query in enumerate(queries):
+        query_words = re.findall(r"\w+", query.lower())
+        n = min(DUPLICATE_NGRAM, len(query_words))
+        if n == 0:
+            continue
+        if n not in candidate_ngrams:
+            candidate_ngrams[n] = [word_ngrams(w, n) for w in words]
+        ngrams = word_ngrams(query_words, n)
+        for j, held in enumerate(candidate_ngrams[n]):
+            excluded[i, j] = j != i and len(ngrams & held) >= DUPLICATE_SHARE * len(ngrams)
+    return excluded
+
+
 # --- scores -------------------------------------------------------------------------------------------------
-def reciprocal_ranks(scores: np.ndarray) -> np.ndarray:
-    return bench_long.reciprocal_ranks(np.asarray(scores, dtype=np.float64))
+def reciprocal_ranks(scores: np.ndarray, excluded: np.ndarray | None = None) -> np.ndarray:
+    """Query i's reciprocal rank of candidate i, its duplicate answers (`excluded`) left out of the rank."""
+    scores = np.array(scores, dtype=np.float64)
+    if excluded is not None:
+        scores[excluded] = -np.inf
+    return bench_long.reciprocal_ranks(scores)
+
+
+def perfect_ranker_headroom(lexical: np.ndarray) -> dict:
+    """How far above the better lexical rule's reciprocal ranks a ranker that always puts the answer first
+    would be, paired: the most a task can show (a goal of two SEs above is out of reach when `ses` < 2)."""
+    from docembed.evaluation.statistics import paired_difference
+
+    versus = paired_difference(np.ones_like(lexical), lexical)
+    return {"diff": versus["diff"], "se": versus["se"], "ses": round(versus["diff"] / versus["se"], 1)}
 
 
 def lexical_scores(name: str, queries: list[str], candidates: list[str]) -> np.ndarray:
@@ -263,7 +305,7 @@ def fused_models(rr: dict) -> list[str]:
     return chosen
 
 
-def fusion_rows(results: dict, tasks: dict, models: list[str]) -> dict:
+def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict) -> dict:
     """Each lexical rule fused with each of `models`: z-score convex and RRF, one weight chosen on all val
     tasks together (the mean of their MRRs) and applied to test."""
     from docembed.models.fusion import WEIGHT_GRID, fuse
@@ -276,7 +318,8 @@ def fusion_rows(results: dict, tasks: dict, models: list[str]) -> dict:
                 def mrr(weight, split, lexical=lexical, model=model, method=method):
                     return {
                         task: reciprocal_ranks(
-                            fuse(results[lexical][split][task], results[model][split][task], weight, method)
+                            fuse(results[lexical][split][task], results[model][split][task], weight, method),
+                            excluded[task][split],
                         )
                         for task in tasks
                     }
@@ -335,6 +378,10 @@ def main(
         encoders = encoders or ["static", "sbert-windows"]
         out = pathlib.Path(out_dir or WORK) / "long_retrieval.json"
         pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+    excluded = {
+        task: {split: duplicate_answers(q, c) for split, (q, c) in by_split.items()}
+        for task, by_split in tasks.items()
+    }
     scores: dict[str, dict] = {}  # configuration -> split -> task -> score matrix
     for lexical in LEXICAL:
         for task, by_split in tasks.items():
@@ -355,16 +402,31 @@ def main(
                 for name, matrix in model_configurations(label, vectors, texts, tokenizer).items():
                     scores.setdefault(name, {}).setdefault(split, {})[task] = matrix
     rr = {
-        name: {s: {t: reciprocal_ranks(m) for t, m in by_task.items()} for s, by_task in by_split.items()}
+        name: {
+            s: {t: reciprocal_ranks(m, excluded[t][s]) for t, m in by_task.items()}
+            for s, by_task in by_split.items()
+        }
         for name, by_split in scores.items()
     }
     weights = {}
-    for label, row in fusion_rows(scores, tasks, fused_models(rr)).items():
+    for label, row in fusion_rows(scores, tasks, fused_models(rr), excluded).items():
         rr[label] = row["rr"]
         weights[label] = row["weight"]
+
+    def task_data(task: str, split: str, queries: list[str], candidates: list[str]) -> dict:
+        entry = {
+            "queries": len(queries),
+            "candidates": len(candidates),
+            "with_duplicate_answers": int(excluded[task][split].any(axis=1).sum()),
+        }
+        if split == "test":
+            better = max(LEXICAL, key=lambda name: rr[name]["test"][task].mean())
+            entry["perfect_ranker_vs_lexical"] = perfect_ranker_headroom(rr[better]["test"][task])
+        return entry
+
     summary = {
         "data": {
-            task: {s: {"queries": len(q), "candidates": len(c)} for s, (q, c) in by_split.items()}
+            task: {s: task_data(task, s, q, c) for s, (q, c) in by_split.items()}
             for task, by_split in tasks.items()
         },
         "threads": os.environ.get("OMP_NUM_THREADS"),

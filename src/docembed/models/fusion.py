@@ -42,14 +42,16 @@ DEFAULT_WEIGHT = 0.5
 VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "retriever"): 0.55,  # the recommended long-document search
     ("bm25", "retriever"): 0.7,
-    ("tfidf", "sbert-windows"): 0.65,
+    ("tfidf", "sbert-windows"): 0.8,
     ("bm25", "sbert-windows"): 0.75,
-    ("tfidf", "sbert"): 0.8,  # sbert reads a long document as sbert-chunks does
-    ("tfidf", "sbert-chunks"): 0.8,
-    ("bm25", "sbert"): 0.8,
-    ("bm25", "sbert-chunks"): 0.8,
+    ("tfidf", "sbert"): 0.6,  # sbert reads a long document as sbert-chunks does
+    ("tfidf", "sbert-chunks"): 0.6,
+    ("bm25", "sbert"): 0.5,
+    ("bm25", "sbert-chunks"): 0.5,
     ("tfidf", "student"): 0.7,
-    ("bm25", "student"): 0.75,
+    ("bm25", "student"): 0.6,
+    ("tfidf", "student-passages"): 0.7,
+    ("bm25", "student-passages"): 0.95,
 }
 VALIDATED_ON = "the val splits of docembed's six long-document retrieval tasks (bench_long_retrieval)"
 WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))

@@ -1,0 +1,102 @@
+"""The long-document retrieval bench's scoring rules (bench/bench_long_retrieval.py): duplicate answers left
+out of a query's ranking, the headroom a task leaves, how the results page shows both, and the fusion
+weights the product ships being the ones that bench chose on val."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = (
+    "gcloud compute instances create makes a virtual machine in a zone of your project. "
+    "Use the boot disk flags to choose an image and the machine type flag to choose its size. "
+    "Every instance gets an internal address; an external one is added unless you turn it off."
+)
+# the bench configuration each validated built-in reads as (its shipped passage temperature and long_queries)
+BENCH_ROW = {
+    "retriever": "retriever passages t=0.01",
+    "sbert-windows": "sbert passages t=0.03, whole for long queries",
+    "sbert": "sbert-chunks",
+    "sbert-chunks": "sbert-chunks",
+    "student": "student",
+    "student-passages": "student passages t=0.01, whole for long queries",
+}
+
+
+def _bench_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _bench_module("bench_long_retrieval")
+
+
+def test_a_candidate_holding_the_query_text_is_a_duplicate_answer_and_the_answer_never_is(bench):
+    query = " ".join(PAGE.split()[10:40])
+    sibling = "gcloud beta: " + PAGE  # another page holding the query's text
+    other = "tar saves many files together into a single tape or disk archive, and can restore them."
+    answer = PAGE.replace(query, "")  # the page the passage was taken out of
+    excluded = bench.duplicate_answers([query, "tape archive"], [answer, sibling, other])
+    assert excluded.tolist() == [[False, True, False], [False, False, False]]
+    short = bench.duplicate_answers(["single tape or disk archive"], [answer, other])  # fewer words than n
+    assert short.tolist() == [[False, True]]
+    half = " ".join(query.split()[:15])  # held in part: under half of the query's n-grams
+    assert not bench.duplicate_answers([query], [answer, half + " and then something else entirely"])[0, 1]
+
+
+def test_a_duplicate_answer_leaves_the_ranking_instead_of_counting_against_the_answer(bench):
+    scores = np.array([[0.5, 0.9, 0.1], [0.2, 0.8, 0.5], [0.3, 0.3, 0.3]])
+    excluded = np.array([[False, True, False], [False, False, False], [True, False, False]])
+    assert bench.reciprocal_ranks(scores).tolist() == pytest.approx([0.5, 1.0, 1 / 3])
+    assert bench.reciprocal_ranks(scores, excluded).tolist() == pytest.approx([1.0, 1.0, 0.5])
+
+
+def test_the_headroom_is_a_perfect_rankers_paired_lead_over_the_lexical_rule(bench):
+    lexical = np.array([1.0, 0.5, 1.0, 0.25])
+    headroom = bench.perfect_ranker_headroom(lexical)
+    gaps = 100 * (1 - lexical)
+    assert headroom["diff"] == pytest.approx(gaps.mean(), abs=0.01)
+    assert headroom["se"] == pytest.approx(gaps.std(ddof=1) / 2, abs=0.01)
+    assert headroom["ses"] == round(headroom["diff"] / headroom["se"], 1)
+
+
+def test_the_results_page_shows_duplicate_answers_and_each_tasks_headroom():
+    run = _bench_module("run")
+    cell = {"mrr": 80.0, "vs_lexical": {"rule": "tfidf", "diff": 2.0, "se": 1.0, "changed": 3}}
+    result = {
+        "data": {
+            "man-part": {
+                "val": {"queries": 66, "candidates": 66, "with_duplicate_answers": 25},
+                "test": {
+                    "queries": 53,
+                    "candidates": 53,
+                    "with_duplicate_answers": 27,
+                    "perfect_ranker_vs_lexical": {"diff": 6.57, "se": 2.92, "ses": 2.2},
+                },
+            }
+        },
+        "models": {
+            "tfidf": {"test": {"man-part": {"mrr": 78.0}}, "mean": {"val": 79.0, "test": 78.0}},
+            "retriever": {"test": {"man-part": cell}, "mean": {"val": 81.0, "test": 80.0}},
+        },
+    }
+    page = "\n".join(run.render_long_retrieval(result))
+    assert "man-part 66 / 53 (25 / 27)" in page
+    assert "| `retriever` | 80.00 (+2.0 ± 1.0) | 81.00 | 80.00 |" in page
+    assert "man-part +6.6 ± 2.9 (2.2 SEs) above the better lexical rule" in page
+
+
+def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val():
+    from docembed.models.fusion import VALIDATED_WEIGHTS
+
+    models = json.loads((ROOT / "bench" / "results" / "long_retrieval.json").read_text())["models"]
+    for (lexical, model), weight in VALIDATED_WEIGHTS.items():
+        row = models[f"{lexical}+{BENCH_ROW[model]} (zscore)"]
+        assert row["weight_chosen_on_val"] == weight, (lexical, model)
