@@ -288,10 +288,21 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
     return out
 
 
+# the configuration each built-in reads as (its shipped passage temperature and long-query reading)
+SHIPPED = {
+    "sbert": "sbert-chunks",
+    "sbert-chunks": "sbert-chunks",
+    "sbert-windows": "sbert passages t=0.03, whole for long queries",
+    "student": "student",
+    "student-passages": "student passages t=0.01, whole for long queries",
+    "retriever": "retriever passages t=0.01, whole for long queries",
+}
+
+
 def fused_models(rr: dict) -> list[str]:
     """The model configurations fused with the lexical rules: the whole-document defaults (sbert-chunks, the
-    student) and each family's passage scoring at the temperature best on val (mean over the val tasks),
-    with every query scored by its passages and with long queries read whole."""
+    student), each family's passage scoring at the temperature best on val (mean over the val tasks), with
+    every query scored by its passages and with long queries read whole, and each built-in's shipped one."""
     chosen = [m for m in ("sbert-chunks", "student", "retriever-chunks") if m in rr]
     for family in ("sbert", "student", "retriever"):
         for whole in (False, True):
@@ -302,13 +313,19 @@ def fused_models(rr: dict) -> list[str]:
             ]
             if passages:
                 chosen.append(max(passages, key=lambda m: np.mean([v.mean() for v in rr[m]["val"].values()])))
-    return chosen
+    return list(dict.fromkeys(chosen + [m for m in SHIPPED.values() if m in rr]))
 
 
-def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict) -> dict:
+def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict, long: dict) -> dict:
     """Each lexical rule fused with each of `models`: z-score convex and RRF, one weight chosen on all val
-    tasks together (the mean of their MRRs) and applied to test."""
+    tasks together (the mean of their MRRs) and applied to test; for a passage configuration also z-score
+    with one weight for long queries (`long`: family -> split -> task -> bool per query, LONG_QUERY_PASSAGES
+    passages or more) and one for the rest, each chosen the same way (the other held, twice round)."""
     from docembed.models.fusion import WEIGHT_GRID, fuse
+
+    def val_best(mrr) -> float:
+        val = {w: float(np.mean([rr.mean() for rr in mrr(w, "val").values()])) for w in WEIGHT_GRID}
+        return max(val, key=lambda w: (val[w], -abs(w - 0.5)))
 
     rows = {}
     for lexical in LEXICAL:
@@ -324,10 +341,31 @@ def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict) -
                         for task in tasks
                     }
 
-                val = {w: float(np.mean([rr.mean() for rr in mrr(w, "val").values()])) for w in WEIGHT_GRID}
-                weight = max(val, key=lambda w, val=val: (val[w], -abs(w - 0.5)))
+                weight = val_best(mrr)
                 label = f"{lexical}+{model} ({method})"
                 rows[label] = {"weight": weight, "rr": {s: mrr(weight, s) for s in SPLITS}}
+            family = model.split(" passages")[0] if " passages" in model else None
+            if family not in long:
+                continue
+
+            def by_kind(short_weight, long_weight, split, lexical=lexical, model=model, family=family):
+                out = {}
+                for task in tasks:
+                    weights = np.where(long[family][split][task], long_weight, short_weight)[:, None]
+                    parts = results[lexical][split][task], results[model][split][task]
+                    fused = fuse(*parts, weights, "zscore")
+                    out[task] = reciprocal_ranks(fused, excluded[task][split])
+                return out
+
+            short_weight = long_weight = rows[f"{lexical}+{model} (zscore)"]["weight"]
+            for _ in range(2):
+                short_weight = val_best(lambda w, split, lw=long_weight: by_kind(w, lw, split))
+                long_weight = val_best(lambda w, split, sw=short_weight: by_kind(sw, w, split))
+            rows[f"{lexical}+{model} (zscore, by query kind)"] = {
+                "weight": short_weight,
+                "long_query_weight": long_weight,
+                "rr": {s: by_kind(short_weight, long_weight, s) for s in SPLITS},
+            }
     return rows
 
 
@@ -353,7 +391,9 @@ def summarise(rr: dict, tasks: dict, weights: dict, timings: dict) -> dict:
             "test": round(float(np.mean([c["mrr"] for c in row["test"].values()])), 2),
         }
         if label in weights:
-            row["weight_chosen_on_val"] = weights[label]
+            row["weight_chosen_on_val"] = weights[label]["weight"]
+            if "long_query_weight" in weights[label]:
+                row["long_query_weight_chosen_on_val"] = weights[label]["long_query_weight"]
         table[label] = row
     return {"models": table, "encode_seconds": {k: round(v, 1) for k, v in timings.items()}}
 
@@ -394,11 +434,17 @@ def main(
         import docembed
 
         tokenizer = docembed.load("student", device="cpu").encoder.tokenizer
+    from docembed.scoring import LONG_QUERY_PASSAGES
+
+    long: dict[str, dict] = {}  # passage family -> split -> task -> whether each query is a long one
     for label in encoders or list(ENCODERS):
         for task, by_split in tasks.items():
             for split, (queries, candidates) in by_split.items():
                 texts = {"queries": queries, "candidates": candidates}
                 vectors = encoded(label, task, split, texts, timings)
+                if label in PASSAGE_FAMILY:
+                    counts = vectors["queries"].counts >= LONG_QUERY_PASSAGES
+                    long.setdefault(PASSAGE_FAMILY[label], {}).setdefault(split, {})[task] = counts
                 for name, matrix in model_configurations(label, vectors, texts, tokenizer).items():
                     scores.setdefault(name, {}).setdefault(split, {})[task] = matrix
     rr = {
@@ -409,9 +455,9 @@ def main(
         for name, by_split in scores.items()
     }
     weights = {}
-    for label, row in fusion_rows(scores, tasks, fused_models(rr), excluded).items():
+    for label, row in fusion_rows(scores, tasks, fused_models(rr), excluded, long).items():
         rr[label] = row["rr"]
-        weights[label] = row["weight"]
+        weights[label] = {k: row[k] for k in ("weight", "long_query_weight") if k in row}
 
     def task_data(task: str, split: str, queries: list[str], candidates: list[str]) -> dict:
         entry = {

@@ -494,8 +494,9 @@ def render_long_retrieval(result: dict) -> list[str]:
             versus = cell.get("vs_lexical")
             text = format_number(cell["mrr"])
             cells.append(text if versus is None else f"{text} ({versus['diff']:+.1f} ± {versus['se']:.1f})")
-        weight = row.get("weight_chosen_on_val")
+        weight, long_weight = row.get("weight_chosen_on_val"), row.get("long_query_weight_chosen_on_val")
         name = f"`{label}`" + ("" if weight is None else f" w={weight}")
+        name += "" if long_weight is None else f", long queries w={long_weight}"
         rows.append([name, *cells, format_number(row["mean"]["val"]), format_number(row["mean"]["test"])])
     data = result.get("data", {})
     sizes = "; ".join(
@@ -518,7 +519,8 @@ def render_long_retrieval(result: dict) -> list[str]:
         "Find the document a query is about (`bench/bench_long_retrieval.py`): MRR x100 on the test split, "
         "every document of the split a candidate; in brackets the paired difference from the task's better "
         "lexical rule on test (tf-idf or BM25) with its standard error. `w`: a fusion's weight of the model "
-        "part, chosen once on all val tasks together. Queries val / test (in brackets, those with a "
+        "part, chosen once on all val tasks together (`by query kind`: one weight for long queries, of six "
+        "passages or more, and one for the rest). Queries val / test (in brackets, those with a "
         "duplicate answer, another candidate holding most of the query's text, left out of their "
         "ranking): " + sizes + ".",
         "",

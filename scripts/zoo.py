@@ -44,7 +44,10 @@ def score_table(name: str, results_path: Path | None) -> list[str]:
     results = quality.get("results", {})
     mine = results.get(name, {})
     if not mine or all("missing" in o or "error" in o for o in mine.values()):
-        return [f"The bench run {results_path.name} has no scores for `{name}` (not shipped then?)."]
+        return [
+            f"The leaderboard of {results_path.name} does not run `{name}`: its figures are the ones above "
+            "and on the results page (docs/results.md)."
+        ]
     columns = [name, *[b for b in BASELINES if b in results]]
     rows = [
         [label, *[format_cell(results[c].get(task), metric) for c in columns]]

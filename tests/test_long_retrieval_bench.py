@@ -15,15 +15,6 @@ PAGE = (
     "Use the boot disk flags to choose an image and the machine type flag to choose its size. "
     "Every instance gets an internal address; an external one is added unless you turn it off."
 )
-# the bench configuration each validated built-in reads as (its shipped passage temperature and long_queries)
-BENCH_ROW = {
-    "retriever": "retriever passages t=0.01",
-    "sbert-windows": "sbert passages t=0.03, whole for long queries",
-    "sbert": "sbert-chunks",
-    "sbert-chunks": "sbert-chunks",
-    "student": "student",
-    "student-passages": "student passages t=0.01, whole for long queries",
-}
 
 
 def _bench_module(name: str):
@@ -93,10 +84,17 @@ def test_the_results_page_shows_duplicate_answers_and_each_tasks_headroom():
     assert "man-part +6.6 ± 2.9 (2.2 SEs) above the better lexical rule" in page
 
 
-def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val():
-    from docembed.models.fusion import VALIDATED_WEIGHTS
+def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val(bench):
+    """Each validated pair's weight (and a passage model's weight for long queries) is its shipped reading's
+    row in the committed bench summary: a changed bench or default cannot leave them behind."""
+    from docembed.models.fusion import VALIDATED_LONG_QUERY_WEIGHTS, VALIDATED_WEIGHTS
 
     models = json.loads((ROOT / "bench" / "results" / "long_retrieval.json").read_text())["models"]
     for (lexical, model), weight in VALIDATED_WEIGHTS.items():
-        row = models[f"{lexical}+{BENCH_ROW[model]} (zscore)"]
+        long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
+        kind = "zscore" if long_weight is None else "zscore, by query kind"
+        row = models[f"{lexical}+{bench.SHIPPED[model]} ({kind})"]
         assert row["weight_chosen_on_val"] == weight, (lexical, model)
+        assert row.get("long_query_weight_chosen_on_val") == long_weight, (lexical, model)
+    passage_models = {m for m in bench.SHIPPED if "passages" in bench.SHIPPED[m]}
+    assert {m for _, m in VALIDATED_LONG_QUERY_WEIGHTS} == passage_models

@@ -229,3 +229,67 @@ def test_long_queries_is_checked_before_a_model_loads(capfd, tmp_path, tiny_sber
     assert refused.code != 0 and "passage output" in refused.err and not out.exists()
     with pytest.raises(NotSupportedError, match="does not support"):
         docembed.load("glove-avg", device="cpu", long_queries="whole")
+
+
+def test_a_fusion_weighs_a_long_query_with_its_own_weight(
+    passages_dir, tiny_sbert_dir, tmp_path, monkeypatch
+):
+    """`long_query_weight`: a long query (many passages: a half) and a short one, each fused with its kind's
+    weight, in rerank scores, single pairs, a saved fusion, `fit_fusion` and a validated built-in pair."""
+    from docembed.models import fusion as fusion_module
+    from docembed.models.fusion import FusionScorer, fit_fusion, normalize_rows
+
+    fusion = FusionScorer.from_parts("bm25", str(passages_dir), weight=0.2, long_query_weight=0.9).fit(DOCS)
+    queries = [DOCS[2], QUERY]  # a long query and a short one
+    lexical, model = (normalize_rows(x, "zscore") for x in fusion.part_scores(queries, DOCS))
+    expected = np.stack([0.1 * lexical[0] + 0.9 * model[0], 0.8 * lexical[1] + 0.2 * model[1]])
+    np.testing.assert_allclose(fusion.score_matrix(queries, DOCS), expected, rtol=1e-6)
+    one_weight = FusionScorer.from_parts("bm25", str(passages_dir), weight=0.2).fit(DOCS)
+    assert not np.allclose(one_weight.score_matrix(queries, DOCS)[0], expected[0])
+    np.testing.assert_allclose(one_weight.score_matrix(queries, DOCS)[1], expected[1], rtol=1e-6)
+    # fit_fusion: one weight per kind when the validation queries hold both; one weight otherwise
+    validation = [(DOCS[2], DOCS, 2), (QUERY, DOCS, 0), ("a dog in the park", DOCS, 1)]
+    choice = fit_fusion(fusion, None, validation)
+    assert choice["long_queries"] == 1 and fusion.config.long_query_weight == choice["long_query_weight"]
+    assert fusion.config.weight == choice["weight"] and set(choice["mrr_by_long_query_weight"]) >= {0.0, 1.0}
+    assert fit_fusion(one_weight, None, validation[1:]).get("long_query_weight") is None
+    assert one_weight.config.long_query_weight is None
+    # saved and reloaded with both weights; single pairs take their left text's kind
+    fusion.config.weight, fusion.config.long_query_weight = 0.2, 0.9
+    fusion.save(tmp_path / "fused")
+    loaded = docembed.load(str(tmp_path / "fused"), device="cpu").encoder
+    assert (loaded.config.weight, loaded.config.long_query_weight) == (0.2, 0.9)
+    np.testing.assert_allclose(loaded.score_matrix(queries, DOCS), expected, rtol=1e-6)
+    stats, pairs = loaded.config.pair_stats, loaded.part_scores(queries, DOCS[:1])
+    z = [(pairs[i][:, 0] - stats[k]["mean"]) / stats[k]["std"] for i, k in enumerate(("lexical", "model"))]
+    np.testing.assert_allclose(
+        loaded.pair_scores(queries, DOCS[:1] * 2),
+        [0.1 * z[0][0] + 0.9 * z[1][0], 0.8 * z[0][1] + 0.2 * z[1][1]],
+        rtol=1e-5,
+    )
+    # a validated built-in pair gets both weights; a model of one vector per text has no long queries
+    monkeypatch.setitem(fusion_module.VALIDATED_WEIGHTS, ("bm25", str(passages_dir)), 0.55)
+    monkeypatch.setitem(fusion_module.VALIDATED_LONG_QUERY_WEIGHTS, ("bm25", str(passages_dir)), 0.9)
+    validated = FusionScorer.from_parts("bm25", str(passages_dir))
+    assert (validated.config.weight, validated.config.long_query_weight) == (0.55, 0.9)
+    with pytest.raises(NotSupportedError, match="long-query weight"):
+        FusionScorer.from_parts("bm25", str(tiny_sbert_dir), long_query_weight=0.9)
+
+
+def test_hybrid_search_fuses_a_long_query_with_its_own_weight(capfd, tmp_path, passages_dir):
+    from docembed.models.fusion import FusionScorer
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    fusion = FusionScorer.from_parts("bm25", str(passages_dir), weight=0.2, long_query_weight=0.9).fit(DOCS)
+    fusion.save(tmp_path / "fused")
+    assert invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", tmp_path / "e.npz").code == 0
+    assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "dense").code == 0
+    assert invoke(capfd, "index", "build", corpus, "-t", "bm25", "-o", tmp_path / "bm25").code == 0
+    args = ["search", tmp_path / "dense", "--lexical-index", tmp_path / "bm25", "-m", tmp_path / "fused"]
+    found = invoke(capfd, *args, "--query", DOCS[2], "--query", QUERY, "-k", "3", "--depth", "10")
+    assert found.code == 0, found.err
+    for line, query in zip(found.out.splitlines(), (DOCS[2], QUERY), strict=True):
+        expected = fusion.score(query, DOCS)
+        hits = json.loads(line)["results"]
+        assert [h["score"] for h in hits] == pytest.approx(sorted(expected.tolist(), reverse=True), abs=1e-5)

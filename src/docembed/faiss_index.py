@@ -995,9 +995,8 @@ def fused_search(
         )
         model_scores = vectors.scores_of(query, candidates)
         lexical_scores = lexical.scores_of(text, candidates)
-        fused = fuse(
-            lexical_scores[None], model_scores[None], config.weight, config.normalization, config.rrf_k
-        )[0]
+        weight = fusion.query_weights(fusion.long_queries(query))[0]  # the weight of the query's kind
+        fused = fuse(lexical_scores[None], model_scores[None], weight, config.normalization, config.rrf_k)[0]
         order = np.argsort(-fused, kind="stable")[:k]
         results.append([(candidates[j], float(fused[j])) for j in order])
     return results

@@ -435,7 +435,8 @@ class LanceIndex:
             one = queries.select([i]) if isinstance(queries, MultiVectors) else np.asarray(queries)[i : i + 1]
             model = self.scores_of(one, candidates)[None].astype(np.float64)
             config = fusion.config
-            fused = fuse(lexical, model, config.weight, config.normalization, config.rrf_k)[0]
+            weight = fusion.query_weights(fusion.long_queries(one))[0]  # the weight of the query's kind
+            fused = fuse(lexical, model, weight, config.normalization, config.rrf_k)[0]
             order = np.argsort(-fused, kind="stable")[:k]
             results.append([(candidates[j], float(fused[j])) for j in order])
         return results

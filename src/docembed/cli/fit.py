@@ -121,6 +121,7 @@ def _fit_fusion(
         if validation is None:
             fusion.fit(texts)
             fusion.config.weight = weight
+            fusion.config.long_query_weight = None  # the weight given, for every query
             fusion.save(staging)
         else:
             doc_texts = None
@@ -129,4 +130,8 @@ def _fit_fusion(
             queries = validation_queries(iter_jsonl_lines(validation), validation, doc_texts)
             fit_fusion(fusion, texts, queries, description=f"queries of {validation}")
             fusion.save(staging)
-    log(f"saved the fusion {lexical}+{model} (weight {fusion.config.weight} of the model) -> {output}")
+    long_weight = fusion.config.long_query_weight
+    weights = f"weight {fusion.config.weight}" + (
+        "" if long_weight is None else f", {long_weight} for long queries"
+    )
+    log(f"saved the fusion {lexical}+{model} ({weights} of the model) -> {output}")

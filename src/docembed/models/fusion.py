@@ -7,7 +7,9 @@ candidates, each part's scores are normalised over the candidates (per query) an
 
 `normalization` is "zscore" ((s - mean) / std; all equal -> 0), "minmax" ((s - min) / (max - min); all
 equal -> 0) or "rrf" (reciprocal rank fusion: 1 / (rrf_k + rank), rank 1 = best, ties in input order).
-Weight 0 ranks as the lexical part alone, weight 1 as the model alone. A single pair (`docembed
+Weight 0 ranks as the lexical part alone, weight 1 as the model alone. The aggregation follows the kind of
+query: with a model whose vectors are passages, a long query (`scoring.LONG_QUERY_PASSAGES` passages or more:
+the half of a long document) may have its own weight, `long_query_weight`. A single pair (`docembed
 similarity`) has no candidates to normalise over: it uses the score statistics measured when the weight
 was chosen (`pair_stats`, z-score or min-max), so it needs a fitted fusion folder.
 
@@ -15,7 +17,7 @@ A fusion folder (never a pickle) is a `config.json` naming the two parts, built-
 path (a relative path is inside the fusion folder: the fitted lexical part is saved there, as `lexical/`),
 with the weight, the normalisation, how the weight was chosen and each part's score statistics.
 `fit_fusion` fits the lexical part on a corpus and chooses the weight on validation queries (MRR over a
-grid, `WEIGHT_GRID`).
+grid, `WEIGHT_GRID`), one per kind of query when they hold both.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ DEFAULT_WEIGHT = 0.5
 # `LEXICAL+MODEL` of two built-ins: the weight chosen once on the val splits of all six long-document
 # retrieval tasks together (bench/bench_long_retrieval.py: man pages, Debian documentation, joined 20
 # Newsgroups posts; z-score, which beat RRF there), so one default holds across kinds of text; any other
-# pair gets DEFAULT_WEIGHT. `docembed fit fusion --validation` chooses one on the user's own queries.
+# pair gets DEFAULT_WEIGHT. `docembed fit fusion --validation` chooses one on the user's own queries. With a
+# model whose vectors are passages, the weight is the one for the shorter queries, chosen with the weight for
+# long ones (VALIDATED_LONG_QUERY_WEIGHTS; bench rows "(zscore, by query kind)").
 VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "retriever"): 0.55,  # the recommended long-document search
     ("bm25", "retriever"): 0.7,
-    ("tfidf", "sbert-windows"): 0.8,
+    ("tfidf", "sbert-windows"): 0.65,
     ("bm25", "sbert-windows"): 0.75,
     ("tfidf", "sbert"): 0.6,  # sbert reads a long document as sbert-chunks does
     ("tfidf", "sbert-chunks"): 0.6,
@@ -51,7 +55,15 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "student"): 0.7,
     ("bm25", "student"): 0.6,
     ("tfidf", "student-passages"): 0.7,
-    ("bm25", "student-passages"): 0.95,
+    ("bm25", "student-passages"): 0.7,
+}
+VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
+    ("tfidf", "retriever"): 0.9,
+    ("bm25", "retriever"): 1.0,
+    ("tfidf", "sbert-windows"): 0.85,
+    ("bm25", "sbert-windows"): 0.95,
+    ("tfidf", "student-passages"): 0.95,
+    ("bm25", "student-passages"): 1.0,
 }
 VALIDATED_ON = "the val splits of docembed's six long-document retrieval tasks (bench_long_retrieval)"
 WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
@@ -67,6 +79,7 @@ class FusionConfig(EncoderConfig):
     lexical: str = "bm25"  # built-in name or folder (relative: inside the fusion folder)
     model: str = "sbert"  # any docembed model: built-in name or folder
     weight: float = DEFAULT_WEIGHT  # of the model's normalised score; the lexical part gets 1 - weight
+    long_query_weight: float | None = None  # `weight` for a long query (a passage model's); None: `weight`
     normalization: str = "zscore"
     rrf_k: int = 60
     pair_stats: dict | None = None  # {"lexical"|"model": {"mean", "std", "min", "max"}}: single pairs
@@ -77,8 +90,10 @@ class FusionConfig(EncoderConfig):
             raise UsageError(
                 f"fusion normalisation is one of {', '.join(NORMALIZATIONS)}, not {self.normalization!r}"
             )
-        if not 0.0 <= float(self.weight) <= 1.0:
-            raise UsageError(f"the fusion weight is between 0 and 1, not {self.weight}")
+        for name in ("weight", "long_query_weight"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= float(value) <= 1.0:
+                raise UsageError(f"the fusion's {name.replace('_', ' ')} is between 0 and 1, not {value}")
 
 
 def normalize_rows(scores: np.ndarray, method: str, rrf_k: int = 60) -> np.ndarray:
@@ -100,8 +115,9 @@ def normalize_rows(scores: np.ndarray, method: str, rrf_k: int = 60) -> np.ndarr
     raise UsageError(f"fusion normalisation is one of {', '.join(NORMALIZATIONS)}, not {method!r}")
 
 
-def fuse(lexical: np.ndarray, model: np.ndarray, weight: float, method: str, rrf_k: int = 60) -> np.ndarray:
-    """(1 - weight) * norm(lexical) + weight * norm(model), row by row (one row per query)."""
+def fuse(lexical: np.ndarray, model: np.ndarray, weight, method: str, rrf_k: int = 60) -> np.ndarray:
+    """(1 - weight) * norm(lexical) + weight * norm(model), row by row (one row per query; `weight`: one
+    number, or one per row as a column)."""
     return (1.0 - weight) * normalize_rows(lexical, method, rrf_k) + weight * normalize_rows(
         model, method, rrf_k
     )
@@ -125,6 +141,8 @@ class FusionScorer(Encoder):
             )
         if getattr(model, "scorer_only", False):
             raise UsageError(f"the second part of a fusion is a model with embeddings, not {model.name!r}")
+        if config.long_query_weight is not None:
+            model._require_passage_output("a long-query weight")  # a long query is one of many passages
         self.lexical, self.model = lexical, model
 
     @classmethod
@@ -141,6 +159,7 @@ class FusionScorer(Encoder):
             and config.get("normalization", "zscore") == "zscore"
         ):
             config.update(weight=validated, chosen_on=VALIDATED_ON)
+            config.setdefault("long_query_weight", VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model)))
         lexical_part = load_model(lexical, device)
         if lexical == "tfidf":
             lexical_part.config.svd_dim = 0
@@ -167,13 +186,34 @@ class FusionScorer(Encoder):
         self, queries: Sequence[str], candidates: Sequence[str], embed: Embed | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The raw scores of each part, (len(queries), len(candidates)) each: lexical, model."""
+        return self._scores(queries, candidates, embed)[:2]
+
+    def _scores(self, queries, candidates, embed: Embed | None = None):
+        """(lexical, model, whether each query is a long one): part_scores and each query's kind."""
         queries, candidates = list(queries), list(candidates)
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import passage_scoring, score_matrix
 
+        query_vectors = embed(self.model, queries)
         scoring = passage_scoring(self.model)
-        model = score_matrix(embed(self.model, queries), embed(self.model, candidates), *scoring)
-        return self.lexical_scores(queries, candidates), np.asarray(model, dtype=np.float64)
+        model = score_matrix(query_vectors, embed(self.model, candidates), *scoring)
+        lexical = self.lexical_scores(queries, candidates)
+        return lexical, np.asarray(model, dtype=np.float64), self.long_queries(query_vectors)
+
+    def long_queries(self, query_vectors) -> np.ndarray:
+        """Whether each query is a long one: LONG_QUERY_PASSAGES passages or more of the model part's."""
+        from docembed.scoring import LONG_QUERY_PASSAGES
+
+        if not hasattr(query_vectors, "counts"):  # one vector per text: no query is long
+            return np.zeros(len(query_vectors), dtype=bool)
+        return np.asarray(query_vectors.counts) >= LONG_QUERY_PASSAGES
+
+    def query_weights(self, long: np.ndarray) -> np.ndarray:
+        """The model's weight for each query (`long`: long_queries): `long_query_weight` for a long one when
+        set, else `weight`."""
+        c = self.config
+        long_weight = c.weight if c.long_query_weight is None else c.long_query_weight
+        return np.where(np.asarray(long, dtype=bool), long_weight, c.weight).astype(np.float64)
 
     def lexical_scores(self, queries: Sequence[str], candidates: Sequence[str], pairs: bool = False):
         """The lexical part's scores: every query against every candidate, or (`pairs`) queries[i] against
@@ -201,10 +241,12 @@ class FusionScorer(Encoder):
         embed: Embed | None = None,
         weight: float | None = None,
     ) -> np.ndarray:
-        """Fused scores of every query against every candidate (normalised over each query's candidates)."""
-        lexical, model = self.part_scores(queries, candidates, embed)
+        """Fused scores of every query against every candidate (normalised over each query's candidates), with
+        the weight of each query's kind (`weight`: one for every query)."""
+        lexical, model, long = self._scores(queries, candidates, embed)
         c = self.config
-        return fuse(lexical, model, c.weight if weight is None else weight, c.normalization, c.rrf_k)
+        weights = self.query_weights(long)[:, None] if weight is None else weight
+        return fuse(lexical, model, weights, c.normalization, c.rrf_k)
 
     def score(self, query: str, candidates: Sequence[str]) -> np.ndarray:
         """Fused scores of `candidates` for `query` (what bm25's score() is, for the evaluator)."""
@@ -226,8 +268,10 @@ class FusionScorer(Encoder):
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import passage_scoring, score_pairs
 
-        pairs = score_pairs(embed(self.model, left), embed(self.model, right), *passage_scoring(self.model))
+        left_vectors = embed(self.model, left)
+        pairs = score_pairs(left_vectors, embed(self.model, right), *passage_scoring(self.model))
         model = np.asarray(pairs, dtype=np.float64)
+        weights = self.query_weights(self.long_queries(left_vectors))
         parts = []
         for key, values in (("lexical", lexical), ("model", model)):
             stats = c.pair_stats[key]
@@ -235,7 +279,7 @@ class FusionScorer(Encoder):
                 parts.append((values - stats["mean"]) / (stats["std"] or 1.0))
             else:
                 parts.append((values - stats["min"]) / ((stats["max"] - stats["min"]) or 1.0))
-        return ((1.0 - c.weight) * parts[0] + c.weight * parts[1]).astype(np.float32)
+        return ((1.0 - weights) * parts[0] + weights * parts[1]).astype(np.float32)
 
     # --- what it is not -------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], batch_size: int = 32):
@@ -344,8 +388,11 @@ def fit_fusion(
     description: str = "validation queries",
 ) -> dict[str, Any]:
     """Fit the lexical part on `corpus` (None: keep it as it is, fitted) and choose the weight on
-    `validation` rows (query, candidates, index of the right candidate). Saves to `output` when given.
-    Returns the choice: weight, MRR x100 per weight, and each part's alone."""
+    `validation` rows (query, candidates, index of the right candidate); when they hold both long queries
+    (a passage model's, LONG_QUERY_PASSAGES passages or more) and shorter ones, one weight for each kind, on
+    its own queries. Saves to `output` when given. Returns the choice: weight (and long_query_weight), MRR
+    x100 per weight over all queries (and per kind: mrr_by_weight_shorter_queries,
+    mrr_by_long_query_weight)."""
     from docembed.runtime import log
 
     if corpus is not None:
@@ -354,21 +401,51 @@ def fit_fusion(
         raise UsageError(f"{fusion.lexical.name} is not fitted: give a corpus to fit it on")
     if not validation:
         raise UsageError("choosing the fusion weight needs validation queries with a right answer")
-    lexical, model, golds = [], [], []
+    lexical, model, golds, long = [], [], [], []
     for query, candidates, gold in validation:
-        lex, mod = fusion.part_scores([query], candidates, embed)
+        lex, mod, is_long = fusion._scores([query], candidates, embed)
         lexical.append(lex)
         model.append(mod)
         golds.append(gold)
+        long.append(bool(is_long[0]))
     c = fusion.config
     weight, table = choose_weight(lexical, model, golds, c.normalization, c.rrf_k)
-    c.weight = weight
+    choice: dict[str, Any] = {"weight": weight, "mrr_by_weight": table, "queries": len(golds)}
+    c.long_query_weight = None
+    if any(long) and not all(long):  # both kinds: a weight for each, on its own queries
+        for kind in (False, True):
+            rows = [i for i, is_long in enumerate(long) if is_long == kind]
+            picked, kind_table = choose_weight(
+                [lexical[i] for i in rows],
+                [model[i] for i in rows],
+                [golds[i] for i in rows],
+                c.normalization,
+                c.rrf_k,
+            )
+            name, table_name = (
+                ("long_query_weight", "mrr_by_long_query_weight")
+                if kind
+                else ("weight", "mrr_by_weight_shorter_queries")
+            )
+            choice.update({name: picked, table_name: kind_table})
+        c.long_query_weight = choice["long_query_weight"]
+        choice["long_queries"] = sum(long)
+    c.weight = choice["weight"]
     c.pair_stats = {"lexical": _stats(lexical), "model": _stats(model)}
     c.chosen_on = f"MRR on {len(golds)} {description}, grid {WEIGHT_GRID[0]}..{WEIGHT_GRID[-1]} step 0.05"
-    log(
-        f"fusion weight {weight} (model) chosen on {len(golds)} queries: MRR {table[weight]:.2f}, "
-        f"lexical alone {table[0.0]:.2f}, model alone {table[1.0]:.2f}"
-    )
+    if c.long_query_weight is None:
+        log(
+            f"fusion weight {weight} (model) chosen on {len(golds)} queries: MRR {table[weight]:.2f}, "
+            f"lexical alone {table[0.0]:.2f}, model alone {table[1.0]:.2f}"
+        )
+    else:
+        long_count = choice["long_queries"]
+        log(
+            f"fusion weights (model) chosen by kind of query: {c.weight} for the {len(golds) - long_count} "
+            f"shorter ones, {c.long_query_weight} for the {long_count} long ones (six passages or more); "
+            f"MRR {choice['mrr_by_weight_shorter_queries'][c.weight]:.2f} and "
+            f"{choice['mrr_by_long_query_weight'][c.long_query_weight]:.2f}"
+        )
     if output is not None:
         save_encoder(fusion, output)
-    return {"weight": weight, "mrr_by_weight": table, "queries": len(golds)}
+    return choice

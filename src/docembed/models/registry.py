@@ -89,9 +89,11 @@ BUILTIN: dict[str, ZooEntry] = {
         "sbert",
         "sbert-windows with MiniLM's top 3 layers tuned to find the part of a long document a query is about "
         "(`docembed train-retriever` on Debian documentation, man pages, 20 Newsgroups and IMDB train text): "
-        "one vector per 256-token window, a document scored by its passages (passage_temperature 0.01, "
-        "chosen on the long-document val tasks); `tfidf+retriever` is the recommended long-document search",
+        "one vector per 256-token window, a document scored by its passages (passage_temperature 0.01) and a "
+        "long query (6+ windows, a half) as a whole (long_queries whole), chosen on the long-document val "
+        "tasks; `tfidf+retriever` is the recommended long-document search",
         shipped=True,
+        settings={"long_queries": "whole"},
     ),
     "nugget": ZooEntry(
         "nugget",
