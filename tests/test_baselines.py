@@ -205,3 +205,18 @@ def test_cli_fit_bm25_with_analyzer_and_refusals(tmp_path, capfd):
     unknown = invoke(capfd, "-q", "fit", "bm25", corpus, "-o", tmp_path / "u", "--analyzer", "klingon")
     assert unknown.code != 0 and "analyzer" in unknown.err
     assert not (tmp_path / "u").exists()
+
+
+def test_rerank_with_tfidf_fitted_on_a_few_candidates_scores_the_exact_rows(tmp_path, capfd):
+    """An LSA of two candidates has one dimension, where every cosine is +-1: `rerank -m tfidf` fitted on fewer
+    candidates than its LSA size scores the exact tf-idf rows, so the candidate sharing the query's word wins."""
+    from cli_helpers import invoke
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": "cat", "candidates": ["a dog barked", "the cat slept"]}) + "\n")
+    result = invoke(capfd, "rerank", tasks, "-m", "tfidf")
+    assert result.code == 0, result.err
+    ranking = json.loads(result.out)["ranking"]
+    assert [r["text"] for r in ranking] == ["the cat slept", "a dog barked"]
+    assert ranking[0]["score"] > 0.3 and ranking[1]["score"] == 0.0
+    assert "exact tf-idf rows" in result.err

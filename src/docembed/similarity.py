@@ -43,8 +43,13 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
     else:
         candidates = (c for _, row in rows for c in row.get("candidates") or [] if isinstance(c, str))
         texts = list(dict.fromkeys(candidates))
-    model.fit(texts)
     what = f"{len(texts)} candidate documents of {source}"
+    if model.family == "tfidf" and 0 < model.config.svd_dim and len(texts) <= model.config.svd_dim:
+        # an LSA of fewer documents than its size is no rule (two candidates: one dimension, every score
+        # +-1): the exact tf-idf rows, which the evaluator and a fusion's tfidf part score with
+        model.config.svd_dim = 0
+        what += " (exact tf-idf rows: fewer documents than its LSA size)"
+    model.fit(texts)
     if hasattr(model, "lexical"):
         chosen = model.config.chosen_on
         how = f"chosen on {chosen}" if chosen else "the default, not chosen on validation data"
