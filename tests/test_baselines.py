@@ -208,8 +208,8 @@ def test_cli_fit_bm25_with_analyzer_and_refusals(tmp_path, capfd):
 
 
 def test_rerank_with_tfidf_fitted_on_a_few_candidates_scores_the_exact_rows(tmp_path, capfd):
-    """An LSA of two candidates has one dimension, where every cosine is +-1: `rerank -m tfidf` fitted on fewer
-    candidates than its LSA size scores the exact tf-idf rows, so the candidate sharing the query's word wins."""
+    """An LSA of two candidates has one dimension, where every cosine is +-1: `rerank -m tfidf` fitted on
+    fewer candidates than its LSA size scores the exact tf-idf rows: the one with the query's word wins."""
     from cli_helpers import invoke
 
     tasks = tmp_path / "tasks.jsonl"

@@ -251,7 +251,10 @@ def test_a_fusion_weighs_a_long_query_with_its_own_weight(
     validation = [(DOCS[2], DOCS, 2), (QUERY, DOCS, 0), ("a dog in the park", DOCS, 1)]
     choice = fit_fusion(fusion, None, validation)
     assert choice["long_queries"] == 1 and fusion.config.long_query_weight == choice["long_query_weight"]
-    assert fusion.config.weight == choice["weight"] and set(choice["mrr_by_long_query_weight"]) >= {0.0, 1.0}
+    assert fusion.config.weight == choice["weight"] and set(choice["mrr_by_kind_and_weight"]["long"]) >= {
+        0.0,
+        1.0,
+    }
     assert fit_fusion(one_weight, None, validation[1:]).get("long_query_weight") is None
     assert one_weight.config.long_query_weight is None
     # saved and reloaded with both weights; single pairs take their left text's kind

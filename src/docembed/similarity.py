@@ -44,7 +44,7 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
         candidates = (c for _, row in rows for c in row.get("candidates") or [] if isinstance(c, str))
         texts = list(dict.fromkeys(candidates))
     what = f"{len(texts)} candidate documents of {source}"
-    if model.family == "tfidf" and 0 < model.config.svd_dim and len(texts) <= model.config.svd_dim:
+    if model.family == "tfidf" and model.config.svd_dim > 0 and len(texts) <= model.config.svd_dim:
         # an LSA of fewer documents than its size is no rule (two candidates: one dimension, every score
         # +-1): the exact tf-idf rows, which the evaluator and a fusion's tfidf part score with
         model.config.svd_dim = 0

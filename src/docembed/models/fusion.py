@@ -391,8 +391,7 @@ def fit_fusion(
     `validation` rows (query, candidates, index of the right candidate); when they hold both long queries
     (a passage model's, LONG_QUERY_PASSAGES passages or more) and shorter ones, one weight for each kind, on
     its own queries. Saves to `output` when given. Returns the choice: weight (and long_query_weight), MRR
-    x100 per weight over all queries (and per kind: mrr_by_weight_shorter_queries,
-    mrr_by_long_query_weight)."""
+    x100 per weight over all queries (and per kind of query: mrr_by_kind_and_weight)."""
     from docembed.runtime import log
 
     if corpus is not None:
@@ -413,23 +412,14 @@ def fit_fusion(
     choice: dict[str, Any] = {"weight": weight, "mrr_by_weight": table, "queries": len(golds)}
     c.long_query_weight = None
     if any(long) and not all(long):  # both kinds: a weight for each, on its own queries
-        for kind in (False, True):
+        tables = {}
+        for kind, name in ((False, "weight"), (True, "long_query_weight")):
             rows = [i for i, is_long in enumerate(long) if is_long == kind]
-            picked, kind_table = choose_weight(
-                [lexical[i] for i in rows],
-                [model[i] for i in rows],
-                [golds[i] for i in rows],
-                c.normalization,
-                c.rrf_k,
+            choice[name], tables["long" if kind else "shorter"] = choose_weight(
+                *([parts[i] for i in rows] for parts in (lexical, model, golds)), c.normalization, c.rrf_k
             )
-            name, table_name = (
-                ("long_query_weight", "mrr_by_long_query_weight")
-                if kind
-                else ("weight", "mrr_by_weight_shorter_queries")
-            )
-            choice.update({name: picked, table_name: kind_table})
+        choice.update(long_queries=sum(long), mrr_by_kind_and_weight=tables)
         c.long_query_weight = choice["long_query_weight"]
-        choice["long_queries"] = sum(long)
     c.weight = choice["weight"]
     c.pair_stats = {"lexical": _stats(lexical), "model": _stats(model)}
     c.chosen_on = f"MRR on {len(golds)} {description}, grid {WEIGHT_GRID[0]}..{WEIGHT_GRID[-1]} step 0.05"
@@ -443,8 +433,7 @@ def fit_fusion(
         log(
             f"fusion weights (model) chosen by kind of query: {c.weight} for the {len(golds) - long_count} "
             f"shorter ones, {c.long_query_weight} for the {long_count} long ones (six passages or more); "
-            f"MRR {choice['mrr_by_weight_shorter_queries'][c.weight]:.2f} and "
-            f"{choice['mrr_by_long_query_weight'][c.long_query_weight]:.2f}"
+            f"MRR {tables['shorter'][c.weight]:.2f} and {tables['long'][c.long_query_weight]:.2f}"
         )
     if output is not None:
         save_encoder(fusion, output)
