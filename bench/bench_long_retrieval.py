@@ -5,7 +5,7 @@ Tasks (every document of a split is a candidate; query i's one right answer is d
 ties counted against the gold; paired differences on the same queries). A *duplicate answer*, another
 candidate that holds at least half of the query's word 8-grams (the query's text is in it: gcloud's alpha,
 beta and GA pages share most of their text, a news post quotes another), is left out of that query's ranking:
-its text is what the query asks for, so ranking it first is no error (before 2026-11-28, 27 of man-part's 53
+its text is what the query asks for, so ranking it first is no error (until 2026-11-27, 27 of man-part's 53
 test queries and 29 of ng-thread's 150 counted it as one):
 - man-part / man-halves: bench_long's tasks on this machine's long man pages (2,000-10,000 words): a passage
   of 60-200 words from the middle -> its page with the passage taken out; first half -> second half;
@@ -24,9 +24,11 @@ windows averaged) and passage scoring over its late chunks, the retriever's pass
 each passage scoring also with the aggregation following the query ("whole for long queries", the models'
 `long_queries="whole"`: a query of many windows, a half, and each document read as wholes, the cosine of
 their windows' means, and a shorter query scored by its passages); every lexical rule fused with the
-whole-document readings and with each family's passage configurations best on val, one of each reading
-(z-score convex and RRF), the weight chosen once on all val tasks together (the mean of the tasks' MRRs, so
-one default holds across kinds of text) and applied unchanged to test.
+whole-document readings, with each family's passage configurations best on val, one of each reading, and
+with each built-in's shipped reading (`SHIPPED`): z-score convex and RRF, the weight chosen once on all val
+tasks together (the mean of the tasks' MRRs, so one default holds across kinds of text) and applied
+unchanged to test; a passage configuration also z-score "by query kind", with one weight for long queries
+and one for the rest (the fusion's `long_query_weight`).
 Embeddings are cached under runs/long_retrieval/ by model and task text (a rerun scores new
 configurations without encoding again); the summary goes to bench/results/long_retrieval.json.
 
