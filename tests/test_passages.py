@@ -3,6 +3,7 @@ chunks) with one pooling setting, `passage_temperature` (0 the best passage, lar
 the same in the Python API, similarity, rerank, a fusion, encode's metadata and a search index; a BM25
 index with the English analyzer."""
 
+import importlib.util
 import json
 
 import numpy as np
@@ -280,6 +281,8 @@ def test_a_fusion_weighs_a_long_query_with_its_own_weight(
 
 
 def test_hybrid_search_fuses_a_long_query_with_its_own_weight(capfd, tmp_path, passages_dir):
+    """`search --lexical-index` (faiss + bm25) and a Lance collection's fused search weigh a long query and a
+    short one each by its kind, as rerank does over every document."""
     from docembed.models.fusion import FusionScorer
 
     corpus = tmp_path / "docs.jsonl"
@@ -289,10 +292,16 @@ def test_hybrid_search_fuses_a_long_query_with_its_own_weight(capfd, tmp_path, p
     assert invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", tmp_path / "e.npz").code == 0
     assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "dense").code == 0
     assert invoke(capfd, "index", "build", corpus, "-t", "bm25", "-o", tmp_path / "bm25").code == 0
-    args = ["search", tmp_path / "dense", "--lexical-index", tmp_path / "bm25", "-m", tmp_path / "fused"]
-    found = invoke(capfd, *args, "--query", DOCS[2], "--query", QUERY, "-k", "3", "--depth", "10")
-    assert found.code == 0, found.err
-    for line, query in zip(found.out.splitlines(), (DOCS[2], QUERY), strict=True):
-        expected = fusion.score(query, DOCS)
-        hits = json.loads(line)["results"]
-        assert [h["score"] for h in hits] == pytest.approx(sorted(expected.tolist(), reverse=True), abs=1e-5)
+    searches = [["search", tmp_path / "dense", "--lexical-index", tmp_path / "bm25"]]
+    if importlib.util.find_spec("lance") is not None:
+        lance_args = ["-o", tmp_path / "docs.lance", "--store", "lance", "--text-from", corpus]
+        assert invoke(capfd, "-q", "index", "build", tmp_path / "e.npz", *lance_args).code == 0
+        searches.append(["search", tmp_path / "docs.lance"])
+    for args in searches:
+        found = invoke(
+            capfd, *args, "-m", tmp_path / "fused", "--query", DOCS[2], "--query", QUERY, "-k", "3"
+        )
+        assert found.code == 0, found.err
+        for line, query in zip(found.out.splitlines(), (DOCS[2], QUERY), strict=True):
+            expected = sorted(fusion.score(query, DOCS).tolist(), reverse=True)
+            assert [h["score"] for h in json.loads(line)["results"]] == pytest.approx(expected, abs=1e-5)
