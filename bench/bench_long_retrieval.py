@@ -20,7 +20,8 @@ Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with do
 with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
 windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
 max at each temperature of TEMPERATURES: log-mean-exp of the windows' cosines), the student (2,048-token
-windows averaged) and passage scoring over its late chunks, the retriever's passages and windows' mean;
+windows averaged) and passage scoring over its late chunks, the retriever's passages and windows' mean,
+NUGGET (a tenth of each window's token vectors, mean-MaxSim over all of a document's);
 each passage scoring also with the aggregation following the query ("whole for long queries", the models'
 `long_queries="whole"`: a query of many windows, a half, and each document read as wholes, the cosine of
 their windows' means, and a shorter query scored by its passages); every lexical rule fused with the
@@ -72,6 +73,7 @@ ENCODERS = {
     "sbert-windows": ("sbert-windows", {}),
     "student-late-chunks": ("student", {"long_documents": "late-chunks", "normalize": False}),
     "retriever": ("retriever", {}),  # MiniLM's windows, fine-tuned to find the part (train-retriever)
+    "nugget": ("nugget", {}),  # a tenth of each window's token vectors, mean-MaxSim over all of them
 }
 # the family name of each multi-vector encoding's passage configurations
 PASSAGE_FAMILY = {"sbert-windows": "sbert", "student-late-chunks": "student", "retriever": "retriever"}
@@ -270,6 +272,8 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
     queries, candidates = vectors["queries"], vectors["candidates"]
     if not hasattr(candidates, "offsets"):
         return {label: cosine_matrix(queries, candidates)}
+    if label not in PASSAGE_FAMILY:  # token vectors (nugget): mean-MaxSim over all of a document's
+        return {label: np.stack([maxsim_one_to_many(q, candidates, 0.0) for q in queries])}
     out = {}
     if label == "sbert-windows":  # the dense readings of the same windows
         first = {side: v.vectors[v.offsets[:-1]] for side, v in vectors.items()}  # each text's first window
@@ -298,6 +302,7 @@ SHIPPED = {
     "student": "student",
     "student-passages": "student passages t=0.01, whole for long queries",
     "retriever": "retriever passages t=0.01, whole for long queries",
+    "nugget": "nugget",
 }
 
 
@@ -305,7 +310,7 @@ def fused_models(rr: dict) -> list[str]:
     """The model configurations fused with the lexical rules: the whole-document defaults (sbert-chunks, the
     student), each family's passage scoring at the temperature best on val (mean over the val tasks), with
     every query scored by its passages and with long queries read whole, and each built-in's shipped one."""
-    chosen = [m for m in ("sbert-chunks", "student", "retriever-chunks") if m in rr]
+    chosen = [m for m in ("sbert-chunks", "student", "retriever-chunks", "nugget") if m in rr]
     for family in ("sbert", "student", "retriever"):
         for whole in (False, True):
             passages = [

@@ -56,6 +56,8 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("bm25", "student"): 0.6,
     ("tfidf", "student-passages"): 0.7,
     ("bm25", "student-passages"): 0.7,
+    ("tfidf", "nugget"): 0.7,
+    ("bm25", "nugget"): 0.5,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "retriever"): 0.9,
