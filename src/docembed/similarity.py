@@ -53,12 +53,8 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
     if hasattr(model, "lexical"):
         chosen = model.config.chosen_on
         how = f"chosen on {chosen}" if chosen else "the default, not chosen on validation data"
-        long_weight = model.config.long_query_weight
-        weight = f"{model.config.weight}" + (
-            "" if long_weight is None else f", {long_weight} for long queries"
-        )
         log(
-            f"{model.name}: {model.lexical.name} fitted on the {what}; fusion weight {weight} "
+            f"{model.name}: {model.lexical.name} fitted on the {what}; fusion weight {model.weights_text()} "
             f"({model.config.normalization}), {how} (`docembed fit fusion` chooses one on your own queries)"
         )
     else:

@@ -130,8 +130,4 @@ def _fit_fusion(
             queries = validation_queries(iter_jsonl_lines(validation), validation, doc_texts)
             fit_fusion(fusion, texts, queries, description=f"queries of {validation}")
             fusion.save(staging)
-    long_weight = fusion.config.long_query_weight
-    weights = f"weight {fusion.config.weight}" + (
-        "" if long_weight is None else f", {long_weight} for long queries"
-    )
-    log(f"saved the fusion {lexical}+{model} ({weights} of the model) -> {output}")
+    log(f"saved the fusion {lexical}+{model} (weight {fusion.weights_text()} of the model) -> {output}")

@@ -210,6 +210,13 @@ class FusionScorer(Encoder):
             return np.zeros(len(query_vectors), dtype=bool)
         return np.asarray(query_vectors.counts) >= LONG_QUERY_PASSAGES
 
+    def weights_text(self) -> str:
+        """The model part's weights as the logs say them: "0.55", or "0.55, 0.9 for long queries"."""
+        c = self.config
+        return f"{c.weight}" + (
+            "" if c.long_query_weight is None else f", {c.long_query_weight} for long queries"
+        )
+
     def query_weights(self, long: np.ndarray) -> np.ndarray:
         """The model's weight for each query (`long`: long_queries): `long_query_weight` for a long one when
         set, else `weight`."""
