@@ -441,7 +441,7 @@ def main(
         import docembed
 
         tokenizer = docembed.load("student", device="cpu").encoder.tokenizer
-    from docembed.scoring import LONG_QUERY_PASSAGES
+    from docembed.scoring import long_query_rows
 
     long: dict[str, dict] = {}  # passage family -> split -> task -> whether each query is a long one
     for label in encoders or list(ENCODERS):
@@ -450,8 +450,8 @@ def main(
                 texts = {"queries": queries, "candidates": candidates}
                 vectors = encoded(label, task, split, texts, timings)
                 if label in PASSAGE_FAMILY:
-                    counts = vectors["queries"].counts >= LONG_QUERY_PASSAGES
-                    long.setdefault(PASSAGE_FAMILY[label], {}).setdefault(split, {})[task] = counts
+                    rows = long_query_rows(vectors["queries"])
+                    long.setdefault(PASSAGE_FAMILY[label], {}).setdefault(split, {})[task] = rows
                 for name, matrix in model_configurations(label, vectors, texts, tokenizer).items():
                     scores.setdefault(name, {}).setdefault(split, {})[task] = matrix
     rr = {

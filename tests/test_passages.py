@@ -246,6 +246,9 @@ def test_a_fusion_weighs_a_long_query_with_its_own_weight(
     expected = np.stack([0.1 * lexical[0] + 0.9 * model[0], 0.8 * lexical[1] + 0.2 * model[1]])
     np.testing.assert_allclose(fusion.score_matrix(queries, DOCS), expected, rtol=1e-6)
     assert fusion.weights_text() == "0.2, 0.9 for long queries"  # what rerank and fit fusion log
+    assert "long_queries" not in json.loads(
+        json.dumps(fusion.metadata())
+    )  # a scorer's, not a passage model's
     one_weight = FusionScorer.from_parts("bm25", str(passages_dir), weight=0.2).fit(DOCS)
     assert not np.allclose(one_weight.score_matrix(queries, DOCS)[0], expected[0])
     np.testing.assert_allclose(one_weight.score_matrix(queries, DOCS)[1], expected[1], rtol=1e-6)

@@ -31,7 +31,7 @@ import numpy as np
 from docembed.errors import DocembedError, UsageError
 from docembed.io.embeddings import STORAGES
 from docembed.io.outputs import DirectoryKind, atomic_path, directory_output, output_lock
-from docembed.scoring import maxsim_one_to_many, passage_scoring
+from docembed.scoring import long_query_rows, maxsim_one_to_many, passage_scoring
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, concat_vectors, l2_normalize
 
 KINDS = ("flat", "hnsw", "ivf")
@@ -995,7 +995,7 @@ def fused_search(
         )
         model_scores = vectors.scores_of(query, candidates)
         lexical_scores = lexical.scores_of(text, candidates)
-        weight = fusion.query_weights(fusion.long_queries(query))[0]  # the weight of the query's kind
+        weight = fusion.query_weights(long_query_rows(query))[0]  # the weight of the query's kind
         fused = fuse(lexical_scores[None], model_scores[None], weight, config.normalization, config.rrf_k)[0]
         order = np.argsort(-fused, kind="stable")[:k]
         results.append([(candidates[j], float(fused[j])) for j in order])

@@ -34,7 +34,7 @@ import numpy as np
 from docembed.errors import DocembedError, UsageError
 from docembed.faiss_index import INDEX_DIRECTORY, _refuse_non_finite, check_queries
 from docembed.io.outputs import DirectoryKind, output_lock
-from docembed.scoring import maxsim_one_to_many, passage_scoring, reads_whole
+from docembed.scoring import long_query_rows, maxsim_one_to_many, passage_scoring, reads_whole
 from docembed.types import EmbeddingSet, MultiVectors, Vectors, l2_normalize
 
 TABLE = "documents"
@@ -435,7 +435,7 @@ class LanceIndex:
             one = queries.select([i]) if isinstance(queries, MultiVectors) else np.asarray(queries)[i : i + 1]
             model = self.scores_of(one, candidates)[None].astype(np.float64)
             config = fusion.config
-            weight = fusion.query_weights(fusion.long_queries(one))[0]  # the weight of the query's kind
+            weight = fusion.query_weights(long_query_rows(one))[0]  # the weight of the query's kind
             fused = fuse(lexical, model, weight, config.normalization, config.rrf_k)[0]
             order = np.argsort(-fused, kind="stable")[:k]
             results.append([(candidates[j], float(fused[j])) for j in order])

@@ -45,6 +45,13 @@ def passage_scoring(scorer) -> tuple[float, str]:
     return temperature, str(getattr(scorer, "long_queries", "passages"))
 
 
+def long_query_rows(queries: Vectors) -> np.ndarray:
+    """Whether each query is a long one, LONG_QUERY_PASSAGES passages or more (one vector per text: none)."""
+    if not isinstance(queries, MultiVectors):
+        return np.zeros(len(queries), dtype=bool)
+    return np.asarray(queries.counts) >= LONG_QUERY_PASSAGES
+
+
 def reads_whole(query: np.ndarray, long_queries: str) -> bool:
     """Whether `long_queries` scores this query (its passage vectors, (m, d)) as a whole."""
     if long_queries not in LONG_QUERIES:

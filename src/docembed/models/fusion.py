@@ -194,21 +194,13 @@ class FusionScorer(Encoder):
         """(lexical, model, whether each query is a long one): part_scores and each query's kind."""
         queries, candidates = list(queries), list(candidates)
         embed = embed or (lambda model, texts: model.encode(texts))
-        from docembed.scoring import passage_scoring, score_matrix
+        from docembed.scoring import long_query_rows, passage_scoring, score_matrix
 
         query_vectors = embed(self.model, queries)
         scoring = passage_scoring(self.model)
         model = score_matrix(query_vectors, embed(self.model, candidates), *scoring)
         lexical = self.lexical_scores(queries, candidates)
-        return lexical, np.asarray(model, dtype=np.float64), self.long_queries(query_vectors)
-
-    def long_queries(self, query_vectors) -> np.ndarray:
-        """Whether each query is a long one: LONG_QUERY_PASSAGES passages or more of the model part's."""
-        from docembed.scoring import LONG_QUERY_PASSAGES
-
-        if not hasattr(query_vectors, "counts"):  # one vector per text: no query is long
-            return np.zeros(len(query_vectors), dtype=bool)
-        return np.asarray(query_vectors.counts) >= LONG_QUERY_PASSAGES
+        return lexical, np.asarray(model, dtype=np.float64), long_query_rows(query_vectors)
 
     def weights_text(self) -> str:
         """The model part's weights as the logs say them: "0.55", or "0.55, 0.9 for long queries"."""
@@ -218,8 +210,8 @@ class FusionScorer(Encoder):
         )
 
     def query_weights(self, long: np.ndarray) -> np.ndarray:
-        """The model's weight for each query (`long`: long_queries): `long_query_weight` for a long one when
-        set, else `weight`."""
+        """The model's weight for each query (`long`: scoring.long_query_rows of the queries' vectors):
+        `long_query_weight` for a long one when set, else `weight`."""
         c = self.config
         long_weight = c.weight if c.long_query_weight is None else c.long_query_weight
         return np.where(np.asarray(long, dtype=bool), long_weight, c.weight).astype(np.float64)
@@ -275,12 +267,12 @@ class FusionScorer(Encoder):
         left, right = list(left), list(right)
         lexical = self.lexical_scores(left, right, pairs=True)
         embed = embed or (lambda model, texts: model.encode(texts))
-        from docembed.scoring import passage_scoring, score_pairs
+        from docembed.scoring import long_query_rows, passage_scoring, score_pairs
 
         left_vectors = embed(self.model, left)
         pairs = score_pairs(left_vectors, embed(self.model, right), *passage_scoring(self.model))
         model = np.asarray(pairs, dtype=np.float64)
-        weights = self.query_weights(self.long_queries(left_vectors))
+        weights = self.query_weights(long_query_rows(left_vectors))
         parts = []
         for key, values in (("lexical", lexical), ("model", model)):
             stats = c.pair_stats[key]
