@@ -265,6 +265,13 @@ def student_default(chunks, texts: list[str], tokenizer, chunk_tokens: int = 256
     return l2_normalize(out.astype(np.float32))
 
 
+def nugget_window_tokens() -> int:
+    """The text tokens of one of the shipped NUGGET's windows, by which its nuggets are grouped."""
+    import docembed
+
+    return docembed.load("nugget-passages", device="cpu").encoder.passage_group_tokens
+
+
 def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None) -> dict[str, np.ndarray]:
     """The score matrices of every configuration one encoding gives."""
     from docembed.scoring import cosine_matrix, maxsim_one_to_many
@@ -273,7 +280,15 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
     if not hasattr(candidates, "offsets"):
         return {label: cosine_matrix(queries, candidates)}
     if label not in PASSAGE_FAMILY:  # token vectors (nugget): mean-MaxSim over all of a document's
-        return {label: np.stack([maxsim_one_to_many(q, candidates, 0.0) for q in queries])}
+        out = {label: np.stack([maxsim_one_to_many(q, candidates, 0.0) for q in queries])}
+        if label == "nugget":  # and by passages: its nuggets grouped by window (nugget-passages)
+            window = nugget_window_tokens()
+            for temperature in TEMPERATURES:
+                name = "nugget passages max" if temperature == 0 else f"nugget passages t={temperature}"
+                out[name] = np.stack(
+                    [maxsim_one_to_many(q, candidates, temperature, "passages", window) for q in queries]
+                )
+        return out
     out = {}
     if label == "sbert-windows":  # the dense readings of the same windows
         first = {side: v.vectors[v.offsets[:-1]] for side, v in vectors.items()}  # each text's first window
@@ -303,6 +318,7 @@ SHIPPED = {
     "student-passages": "student passages t=0.01, whole for long queries",
     "retriever": "retriever passages t=0.01, whole for long queries",
     "nugget": "nugget",
+    "nugget-passages": "nugget passages t=0.03",
 }
 
 
@@ -311,7 +327,7 @@ def fused_models(rr: dict) -> list[str]:
     student), each family's passage scoring at the temperature best on val (mean over the val tasks), with
     every query scored by its passages and with long queries read whole, and each built-in's shipped one."""
     chosen = [m for m in ("sbert-chunks", "student", "retriever-chunks", "nugget") if m in rr]
-    for family in ("sbert", "student", "retriever"):
+    for family in ("sbert", "student", "retriever", "nugget"):
         for whole in (False, True):
             passages = [
                 m

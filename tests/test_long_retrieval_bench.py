@@ -96,5 +96,5 @@ def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val(bench):
         row = models[f"{lexical}+{bench.SHIPPED[model]} ({kind})"]
         assert row["weight_chosen_on_val"] == weight, (lexical, model)
         assert row.get("long_query_weight_chosen_on_val") == long_weight, (lexical, model)
-    passage_models = {m for m in bench.SHIPPED if "passages" in bench.SHIPPED[m]}
+    passage_models = {m for m in bench.SHIPPED if "whole for long queries" in bench.SHIPPED[m]}
     assert {m for _, m in VALIDATED_LONG_QUERY_WEIGHTS} == passage_models

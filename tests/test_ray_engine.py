@@ -150,6 +150,7 @@ def test_multi_vector_from_parquet_matches_local(
     assert json.loads((out / "manifest.json").read_text())["kind"] == "multi"
 
 
+@pytest.mark.slow  # two Ray runs, 53 s on the 2-core machine (make test-all); bad lines locally: test_cli
 def test_bad_line_stops_the_run_and_skip_invalid_resumes(capfd, ray_instance, tiny_sbert_dir, tmp_path):
     source, out = tmp_path / "docs.txt", tmp_path / "out"
     lines = [json.dumps({"id": i, "text": _text(i)}) for i in range(30)]

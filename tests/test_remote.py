@@ -100,4 +100,6 @@ def test_the_remote_model_scores_passages_as_the_served_one_does():
     )
     assert (remote.passage_temperature, remote.long_queries) == (0.03, "whole")
     older = RemoteEncoder("http://127.0.0.1:1", health)  # a server from before the settings: the defaults
-    assert (older.passage_temperature, older.long_queries) == (0.0, "passages")
+    assert (older.passage_temperature, older.long_queries, older.passage_group_tokens) == (0.0, "passages", 0)
+    windows = RemoteEncoder("http://127.0.0.1:1", {**health, "passage_group_tokens": 254})  # nugget-passages
+    assert windows.passage_group_tokens == 254

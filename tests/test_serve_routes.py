@@ -318,7 +318,7 @@ def test_health_gives_what_encode_writes(http, built, glove):
     assert health["metadata"] == glove.metadata()
     assert health["metadata"].items() <= written.items()  # encode writes these, and per-run extras
     assert health["normalized"] is False and health["passage_temperature"] == 0.0
-    assert health["long_queries"] == "passages"
+    assert health["long_queries"] == "passages" and health["passage_group_tokens"] == 0
     assert health["max_tokens"] is None and health["scorer"] is False and health["dim"] == 50
     assert health["identity"] == model_identity(glove.encoder) == written["model_identity"]
     assert health["documents"] == 6

@@ -187,6 +187,11 @@ class VectorIndex:
         """How a long query is scored, as its model scores it (recorded by encode)."""
         return str(self.metadata.get("long_queries", "passages"))
 
+    @property
+    def passage_group_tokens(self) -> int:
+        """Token vectors scored by windows of this many tokens, as their model scores them (0: not)."""
+        return int(self.metadata.get("passage_group_tokens", 0))
+
     @classmethod
     def build(cls, embeddings: EmbeddingSet, kind: str = "flat", storage: str = "float32") -> VectorIndex:
         """`storage` (float32 | float16 | int8, io.embeddings.STORAGES): how faiss holds the vectors (its
@@ -331,7 +336,8 @@ class VectorIndex:
             before = self.index.ntotal
             self.index.add(data.vectors)
             vectors = _held(self.index, before)
-            self.multi = MultiVectors.concat([self.multi, MultiVectors(vectors, data.offsets)])
+            added = MultiVectors(vectors, data.offsets, data.positions)
+            self.multi = MultiVectors.concat([self.multi, added])  # positions kept while every part has them
             self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
         else:
             self.index.add(data)
@@ -406,6 +412,8 @@ class VectorIndex:
         np.save(folder / "vectors.npy", data.vectors if isinstance(data, MultiVectors) else data)
         if isinstance(data, MultiVectors):
             np.save(folder / "offsets.npy", data.offsets)
+            if data.positions is not None:
+                np.save(folder / "positions.npy", data.positions)
         write_ids(folder, list(embeddings.ids))
         metadata.update(segments=[*segments, name], count=count + len(embeddings))
         with atomic_path(directory / "meta.json") as tmp:
@@ -425,7 +433,7 @@ class VectorIndex:
         if self.multi is not None:
             rows = np.repeat(keep, self.multi.counts)
             kept = self.multi.select(np.flatnonzero(keep))
-            self.multi = MultiVectors(kept.vectors, kept.offsets)
+            self.multi = MultiVectors(kept.vectors, kept.offsets, kept.positions)
             self._doc_of_vector = np.repeat(np.arange(len(self.multi)), self.multi.counts)
             vectors = kept.vectors
         else:
@@ -524,6 +532,11 @@ class VectorIndex:
         write_ids(directory, self.ids)
         if self.multi is not None:  # the vectors themselves are index.faiss's (`_held` at load time)
             np.save(directory / "offsets.npy", self.multi.offsets)
+            # each vector's token position: what scoring by windows groups by (NUGGET's passage_windows)
+            if self.multi.positions is not None:
+                np.save(directory / "positions.npy", self.multi.positions)
+            else:
+                (directory / "positions.npy").unlink(missing_ok=True)
         shutil.rmtree(directory / SEGMENTS, ignore_errors=True)  # index.faiss holds their vectors now
         if self.changes:
             changes = {"added": self.changes.added, "removed": self.changes.removed}
@@ -624,7 +637,7 @@ def _normalized(embeddings: EmbeddingSet) -> Vectors:
     """The vectors as faiss is given them: float32, L2-normalised (cosine as inner product)."""
     if embeddings.is_multi:
         data = embeddings.data
-        return MultiVectors(l2_normalize(data.vectors.astype(np.float32)), data.offsets)
+        return MultiVectors(l2_normalize(data.vectors.astype(np.float32)), data.offsets, data.positions)
     return l2_normalize(np.asarray(embeddings.data, dtype=np.float32))
 
 
@@ -671,10 +684,11 @@ def _read_segment(folder: Path, multi: bool, dim: int) -> tuple[Vectors, list[st
     try:
         vectors = np.load(folder / "vectors.npy", allow_pickle=False)
         offsets = np.load(folder / "offsets.npy", allow_pickle=False) if multi else None
+        positions = _read_positions(folder, len(vectors)) if multi else None
     except (OSError, ValueError, EOFError) as error:
         raise DocembedError(f"{folder} is a damaged segment of its index: {error}") from None
     ids = read_ids(folder)
-    data = MultiVectors(vectors, offsets) if multi else vectors
+    data = MultiVectors(vectors, offsets, positions) if multi else vectors
     shape_ok = vectors.ndim == 2 and vectors.shape[1] == dim and len(data) == len(ids)
     if not shape_ok or not np.isfinite(vectors).all():
         raise DocembedError(f"{folder} is a damaged segment of its index: rebuild the index")
@@ -737,9 +751,19 @@ def _read_multi(directory: Path, index) -> MultiVectors:
         offsets = np.load(directory / "offsets.npy", allow_pickle=False)
         if vectors.ndim != 2 or offsets.ndim != 1 or len(offsets) == 0:
             raise ValueError(f"vectors of shape {vectors.shape} and offsets of shape {offsets.shape}")
-        return MultiVectors(vectors, offsets)
+        return MultiVectors(vectors, offsets, _read_positions(directory, len(vectors)))
     except (OSError, ValueError, EOFError) as error:
         raise DocembedError(f"{directory} is a damaged index: {error}") from None
+
+
+def _read_positions(folder: Path, count: int) -> np.ndarray | None:
+    """The vectors' token positions, when saved (an index built before 2026-11-27 has none)."""
+    if not (folder / "positions.npy").exists():
+        return None
+    positions = np.load(folder / "positions.npy", allow_pickle=False)
+    if positions.shape != (count,):
+        raise ValueError(f"{count} vectors and positions of shape {positions.shape}")
+    return positions
 
 
 def _check_counts(directory: Path, index, ids: list[str], metadata: dict, multi: MultiVectors | None) -> None:
@@ -803,7 +827,9 @@ def _gather(multi: MultiVectors, documents: np.ndarray) -> MultiVectors:
     starts, counts = multi.offsets[documents], multi.counts[documents]
     offsets = np.concatenate([[0], np.cumsum(counts)])
     rows = np.repeat(starts - offsets[:-1], counts) + np.arange(offsets[-1])
-    return MultiVectors(multi.vectors[rows], offsets)
+    return MultiVectors(
+        multi.vectors[rows], offsets, None if multi.positions is None else multi.positions[rows]
+    )
 
 
 def _refuse_non_finite(embeddings: EmbeddingSet) -> None:
@@ -830,7 +856,7 @@ BM25_TERMS = "bm25_terms.json"
 # Every name an index folder may hold: a rebuild keeps no other file, so a folder with one is refused.
 _INDEX_FILES = frozenset(
     ("index.faiss", "meta.json", "offsets.npy", "vectors.npy", IDS_NAME, OLD_IDS_NAME, SEGMENTS, CHANGES_NAME)
-    + (BM25_WEIGHTS, BM25_TERMS)
+    + ("positions.npy", BM25_WEIGHTS, BM25_TERMS)
 )
 
 

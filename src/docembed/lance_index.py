@@ -168,6 +168,10 @@ class LanceIndex:
         return str(self.metadata.get("long_queries", "passages"))
 
     @property
+    def passage_group_tokens(self) -> int:
+        return 0  # build refuses vectors scored by windows: a collection keeps no token positions
+
+    @property
     def lance_type(self) -> str | None:
         return KINDS.get(self.metadata.get("index_kind", "flat"))
 
@@ -219,6 +223,12 @@ class LanceIndex:
             raise UsageError(f"a Lance index holds float32 or float16 vectors, not {storage}")
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
+        if embeddings.metadata.get("passage_group_tokens"):
+            raise UsageError(
+                "these vectors are scored by windows of their token positions (NUGGET's passage_windows), "
+                "which a Lance collection does not keep: use --store faiss, or encode without "
+                "--passage-temperature"
+            )
         _refuse_non_finite(embeddings)
         refuse_repeated_ids(embeddings.ids, "the embeddings")
         fields = dict(fields or {})

@@ -130,6 +130,10 @@ class RemoteEncoder(Encoder):
     def long_queries(self) -> str:
         return str(self.health.get("long_queries") or "passages")
 
+    @property
+    def passage_group_tokens(self) -> int:
+        return int(self.health.get("passage_group_tokens") or 0)
+
     def metadata(self) -> dict[str, Any]:
         return dict(self.health["metadata"])
 

@@ -9,7 +9,9 @@ between the best passage (0) and the mean over the whole (large), chosen on vali
 many passages itself is read follows the kind of query (`long_queries`): "passages" scores each of its
 passages as above; "whole" reads a long query (LONG_QUERY_PASSAGES or more: a half of a long document) and
 each document as wholes, the cosine of their passages' means, which validation prefers for halves while
-shorter queries keep the part they are about.
+shorter queries keep the part they are about. A model whose vectors are tokens (NUGGET's nuggets) can be
+scored by passages too (`group_tokens`): its vectors grouped by the window their token position falls in,
+each window scored by mean-MaxSim and the windows pooled as passages are.
 """
 
 from __future__ import annotations
@@ -38,11 +40,12 @@ LONG_QUERIES = ("passages", "whole")
 LONG_QUERY_PASSAGES = 6
 
 
-def passage_scoring(scorer) -> tuple[float, str]:
-    """(passage_temperature, long_queries) of a model or an index: the last two arguments of the scoring
-    functions below, as it scores passages (the defaults for one without passages)."""
+def passage_scoring(scorer) -> tuple[float, str, int]:
+    """(passage_temperature, long_queries, passage_group_tokens) of a model or an index: the last three
+    arguments of the scoring functions below, as it scores passages (the defaults for one without)."""
     temperature = float(getattr(scorer, "passage_temperature", 0.0))
-    return temperature, str(getattr(scorer, "long_queries", "passages"))
+    group_tokens = int(getattr(scorer, "passage_group_tokens", 0))
+    return temperature, str(getattr(scorer, "long_queries", "passages")), group_tokens
 
 
 def long_query_rows(queries: Vectors) -> np.ndarray:
@@ -69,8 +72,40 @@ def whole_cosines(query: np.ndarray, docs: MultiVectors) -> np.ndarray:
     return scores.astype(np.float32)
 
 
+def window_groups(docs: MultiVectors, group_tokens: int) -> tuple[MultiVectors, np.ndarray]:
+    """`docs` cut into passages by token position: a vector at position p (in the text's wrapped token ids,
+    its leading special token at 0) is in window (p - 1) // group_tokens, as NUGGET reads a long text in
+    windows of group_tokens text tokens. Returns (the windows as documents, each window's document)."""
+    if docs.positions is None:
+        raise ValueError("scoring by windows needs the vectors' token positions (encode keeps them)")
+    windows = np.maximum(np.asarray(docs.positions, dtype=np.int64) - 1, 0) // group_tokens
+    owner = np.repeat(np.arange(len(docs)), docs.counts)
+    # a new group where the document or the window changes (a document's vectors are in text order)
+    starts = np.flatnonzero(np.r_[True, (owner[1:] != owner[:-1]) | (windows[1:] != windows[:-1])])
+    offsets = np.r_[starts, len(docs.vectors)].astype(np.int64)
+    return MultiVectors(docs.vectors, offsets), owner[starts]
+
+
+def smooth_max_by_owner(scores: np.ndarray, owner: np.ndarray, n: int, temperature: float) -> np.ndarray:
+    """Per owner 0..n-1, the max (temperature 0) or log-mean-exp of its `scores`; -1 for one with none."""
+    best = np.full(n, -np.inf)
+    np.maximum.at(best, owner, scores)
+    if temperature > 0:
+        sums = np.zeros(n)
+        np.add.at(sums, owner, np.exp((scores - best[owner]) / temperature))
+        counts = np.bincount(owner, minlength=n)
+        present = counts > 0
+        best[present] += temperature * np.log(sums[present] / counts[present])
+    best[~np.isfinite(best)] = -1.0
+    return best
+
+
 def maxsim_one_to_many(
-    query: np.ndarray, docs: MultiVectors, temperature: float = 0.0, long_queries: str = "passages"
+    query: np.ndarray,
+    docs: MultiVectors,
+    temperature: float = 0.0,
+    long_queries: str = "passages",
+    group_tokens: int = 0,
 ) -> np.ndarray:
     """mean-MaxSim of one query (m, d) against every document of `docs`, in one matrix product.
     A document with no vectors scores -1 (the lowest cosine), an empty query 0.
@@ -78,9 +113,17 @@ def maxsim_one_to_many(
     `temperature` > 0 replaces each max by its smooth form over the document's vectors (passages), the
     log-mean-exp `t * log(mean_j exp(s_j / t))`: 0 is the best passage (MaxP), large values tend to the mean
     of the passages' cosines, so one number moves from "the part the query is about" to "the whole".
-    `long_queries="whole"` scores a long query (LONG_QUERY_PASSAGES vectors or more) by `whole_cosines`."""
+    `long_queries="whole"` scores a long query (LONG_QUERY_PASSAGES vectors or more) by `whole_cosines`.
+    `group_tokens` > 0 scores token vectors by passages (`window_groups`): each window of a document by
+    mean-MaxSim, then the best window (temperature 0) or their log-mean-exp at `temperature`."""
     if len(query) == 0 or len(docs) == 0:
         return np.zeros(len(docs), dtype=np.float32)
+    if group_tokens > 0:
+        if len(docs.vectors) == 0:
+            return np.full(len(docs), -1.0, dtype=np.float32)
+        windows, owner = window_groups(docs, group_tokens)
+        per_window = maxsim_one_to_many(query, windows)
+        return smooth_max_by_owner(per_window, owner, len(docs), temperature).astype(np.float32)
     if reads_whole(query, long_queries) and len(docs.vectors):
         return whole_cosines(query, docs)
     sims = l2_normalize(query) @ l2_normalize(docs.vectors).T  # (m, total)
@@ -135,15 +178,24 @@ def maxsim_pairs(
     batch_size: int = 32,
     temperature: float = 0.0,
     long_queries: str = "passages",
+    group_tokens: int = 0,
 ) -> np.ndarray:
-    """mean-MaxSim of queries[i] against docs[i] for every i (`temperature`, `long_queries`: see
-    maxsim_one_to_many).
+    """mean-MaxSim of queries[i] against docs[i] for every i (`temperature`, `long_queries`,
+    `group_tokens`: see maxsim_one_to_many).
 
     Pairs are sorted by size and cut into batches of similar shapes (little padding). A batch of small
     sets is one gather into padded arrays and one stacked matrix product; a batch of large sets is
     scored with one GEMM per pair (see LARGE_PAIR)."""
     if len(queries) != len(docs):
         raise ValueError("maxsim_pairs needs as many queries as documents")
+    if group_tokens > 0:  # by windows: one pair at a time (its windows are a few small documents)
+        return np.array(
+            [
+                maxsim_one_to_many(queries[i], docs.select([i]), temperature, long_queries, group_tokens)[0]
+                for i in range(len(queries))
+            ],
+            dtype=np.float32,
+        )
     q_flat = l2_normalize(queries.vectors).astype(np.float32, copy=False)
     d_flat = l2_normalize(docs.vectors).astype(np.float32, copy=False)
     q_counts, d_counts = queries.counts, docs.counts
@@ -211,28 +263,43 @@ def _gather_padded(flat: np.ndarray, starts: np.ndarray, counts: np.ndarray):
 
 
 def score_pairs(
-    left: Vectors, right: Vectors, temperature: float = 0.0, long_queries: str = "passages"
+    left: Vectors,
+    right: Vectors,
+    temperature: float = 0.0,
+    long_queries: str = "passages",
+    group_tokens: int = 0,
 ) -> np.ndarray:
     """Similarity of left[i] and right[i]: cosine (dense) or mean-MaxSim with left as query (multi; its max
-    smoothed at `temperature` > 0, a long query read whole by `long_queries`: see maxsim_one_to_many)."""
+    smoothed at `temperature` > 0, a long query read whole by `long_queries`, token vectors scored by
+    windows with `group_tokens`: see maxsim_one_to_many)."""
     if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
         raise ValueError("cannot compare dense with multi-vector embeddings")
     if isinstance(left, MultiVectors):
-        return maxsim_pairs(left, right, temperature=temperature, long_queries=long_queries)
+        return maxsim_pairs(
+            left, right, temperature=temperature, long_queries=long_queries, group_tokens=group_tokens
+        )
     return cosine_pairs(left, right).astype(np.float32)
 
 
 def score_one_to_many(
-    query: Vectors, candidates: Vectors, temperature: float = 0.0, long_queries: str = "passages"
+    query: Vectors,
+    candidates: Vectors,
+    temperature: float = 0.0,
+    long_queries: str = "passages",
+    group_tokens: int = 0,
 ) -> np.ndarray:
     """Scores of one query (a 1-row array or a 1-document MultiVectors) against all candidates."""
     if isinstance(query, MultiVectors):
-        return maxsim_one_to_many(query[0], candidates, temperature, long_queries)
+        return maxsim_one_to_many(query[0], candidates, temperature, long_queries, group_tokens)
     return (cosine_matrix(np.asarray(query).reshape(1, -1), candidates)[0]).astype(np.float32)
 
 
 def score_matrix(
-    queries: Vectors, candidates: Vectors, temperature: float = 0.0, long_queries: str = "passages"
+    queries: Vectors,
+    candidates: Vectors,
+    temperature: float = 0.0,
+    long_queries: str = "passages",
+    group_tokens: int = 0,
 ) -> np.ndarray:
     """Scores of every query against every candidate, (len(queries), len(candidates)) float32: cosine
     (dense) or mean-MaxSim with the queries as queries (multi-vector, one query at a time)."""
@@ -242,7 +309,7 @@ def score_matrix(
         return cosine_matrix(np.asarray(queries), np.asarray(candidates)).astype(np.float32)
     scores = np.zeros((len(queries), len(candidates)), dtype=np.float32)
     for row in range(len(queries)):
-        scores[row] = maxsim_one_to_many(queries[row], candidates, temperature, long_queries)
+        scores[row] = maxsim_one_to_many(queries[row], candidates, temperature, long_queries, group_tokens)
     return scores
 
 

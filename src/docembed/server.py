@@ -5,7 +5,8 @@ Routes (request and response bodies are JSON objects; an error is {"error": "one
 a bad request, 404 for an unknown path or id, 405 for the wrong method, 413 for a body over MAX_BODY_BYTES or
 a list over MAX_TEXTS texts):
 - GET  /health      {"model", "family", "dim", "multi_vector", "scorer", "documents", "normalized",
-                    "passage_temperature", "long_queries", "max_tokens", "metadata", "identity"}:
+                    "passage_temperature", "long_queries", "passage_group_tokens", "max_tokens",
+                    "metadata", "identity"}:
                     documents null without an index; a scorer (a fusion) has no embeddings and dim null;
                     metadata is the model's `metadata()`, what `docembed encode` writes beside its
                     vectors, and identity its `encoding.model_identity` (encode --reuse), so a remote
@@ -288,6 +289,7 @@ class EmbeddingService:
             "normalized": bool(getattr(encoder, "normalized", False)),
             "passage_temperature": float(getattr(encoder, "passage_temperature", 0.0) or 0.0),
             "long_queries": str(getattr(encoder, "long_queries", "passages")),
+            "passage_group_tokens": int(getattr(encoder, "passage_group_tokens", 0)),
             "max_tokens": self.model.max_tokens,
             "metadata": self.model.metadata(),
             "scorer": bool(scorer),

@@ -78,7 +78,8 @@ def encode(
         min=0.0,
         max=10.0,
         help="sbert-windows, student --long late-chunks: how a document's passages pool when it is scored "
-        "(0: the best passage; larger: smoother, towards their mean); recorded for search and indexes.",
+        "(0: the best passage; larger: smoother, towards their mean); nugget: score by windows, its nuggets "
+        "grouped by the window that read them, pooled so; recorded for search and indexes.",
     ),
     long_queries: str = typer.Option(
         None,

@@ -29,6 +29,7 @@ SETTINGS_HASHED_WHEN_SET: dict[str, Any] = {
     "passage_temperature": 0.0,
     "analyzer": "plain",
     "long_queries": "passages",
+    "passage_windows": False,
 }
 
 
@@ -327,6 +328,12 @@ class Encoder(ABC):
         texts' passage means; see docembed.scoring.maxsim_one_to_many), chosen on validation."""
         return str(getattr(self.config, "long_queries", "passages"))
 
+    @property
+    def passage_group_tokens(self) -> int:
+        """For token vectors scored by passages (NUGGET's `passage_windows`): the text tokens of a window,
+        by which docembed.scoring.window_groups groups a document's vectors; 0 for every other model."""
+        return 0
+
     def metadata(self) -> dict[str, Any]:
         meta = {
             "model": self.name,
@@ -339,6 +346,8 @@ class Encoder(ABC):
             meta["passage_temperature"] = self.passage_temperature
         if self.long_queries != "passages":
             meta["long_queries"] = self.long_queries
+        if self.passage_group_tokens:
+            meta["passage_group_tokens"] = self.passage_group_tokens
         if self.source and Path(self.source).parent != _ZOO_DIR:
             meta["model_source"] = self.source  # a saved model: by its path
         return meta

@@ -58,6 +58,8 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("bm25", "student-passages"): 0.7,
     ("tfidf", "nugget"): 0.7,
     ("bm25", "nugget"): 0.5,
+    ("tfidf", "nugget-passages"): 0.7,
+    ("bm25", "nugget-passages"): 0.65,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "retriever"): 0.9,

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -49,6 +49,7 @@ from docembed.models.base import (
     LONG_MODES,
     Encoder,
     EncoderConfig,
+    check_temperature,
     load_state_dict,
     read_config,
     save_state_dict,
@@ -107,6 +108,14 @@ class NuggetConfig(EncoderConfig):
     # window beyond the first). The default since 2026-11-25, the zoo model's included: better on PI dev
     # (MRR 98.27 vs 97.98) and on every long validation task (bench/results/CHANGELOG.md).
     long_documents: str = "windows"
+    # How a document is scored (issue 45): False, mean-MaxSim over all its nuggets; True, by passages, the
+    # nuggets grouped by the window that read them, each window scored by mean-MaxSim and the windows pooled
+    # as sbert-windows pools its windows (passage_temperature: 0 the best window, larger towards their mean)
+    passage_windows: bool = False
+    passage_temperature: float = 0.0
+
+    # scoring settings: a --resume may change them
+    INFERENCE_SETTINGS: ClassVar[tuple[str, ...]] = ("passage_windows", "passage_temperature")
 
     def __post_init__(self):
         if not 0 < self.ratio <= 1:
@@ -131,6 +140,7 @@ class NuggetConfig(EncoderConfig):
             raise UsageError(f"prune_frequent must be >= 0, got {self.prune_frequent}")
         if self.selector == "pool" and self.feedback:
             raise UsageError("selector 'pool' makes its own vectors: it needs a model without feedback")
+        check_temperature(self.passage_temperature)
 
     @property
     def uses_idf(self) -> bool:
@@ -730,6 +740,26 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
         if mode not in LONG_DOCUMENTS:
             raise UsageError(f"--long must be one of {', '.join(LONG_DOCUMENTS)}, got {mode!r}")
         self.config.long_documents = mode
+
+    def set_passage_temperature(self, temperature: float) -> None:
+        """Score documents by passages (`passage_windows`): their nuggets grouped by window, the windows
+        pooled at `temperature` (0: the best window)."""
+        check_temperature(temperature)
+        self.config.passage_windows = True
+        self.config.passage_temperature = float(temperature)
+
+    @property
+    def passage_temperature(self) -> float:
+        return self.config.passage_temperature if self.config.passage_windows else 0.0
+
+    @property
+    def passage_group_tokens(self) -> int:
+        """The text tokens of one window (its length less the tokenizer's wrapping) when documents are
+        scored by windows, else 0: how docembed.scoring.window_groups finds each nugget's window."""
+        if not self.config.passage_windows:
+            return 0
+        width = min(self.config.max_length, self.model.backbone.max_positions)
+        return width - len(self.tokenizer("")["input_ids"])
 
     def _windowed_nuggets(
         self, texts: Sequence[str], batch_size: int, token_ids: bool = True, unit_rows: bool = False

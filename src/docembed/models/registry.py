@@ -101,6 +101,15 @@ BUILTIN: dict[str, ZooEntry] = {
         "document; --long truncate: the first window only), mean-MaxSim (`docembed inspect` shows them)",
         shipped=True,
     ),
+    "nugget-passages": ZooEntry(
+        "nugget",
+        "nugget scored by passages: a document's nuggets grouped by the 256-token window that read them, "
+        "each window scored by mean-MaxSim and the windows pooled by a smooth maximum (passage_temperature "
+        "0.03, chosen on the long-document val tasks; `encode -m nugget --passage-temperature T`: another)",
+        shipped=True,
+        weights="nugget",
+        settings={"passage_temperature": 0.03},
+    ),
     "student": ZooEntry(
         "student",
         "long-document Longformer (MiniLM, 2,048-token windows averaged over the whole document; --long "
