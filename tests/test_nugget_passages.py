@@ -144,3 +144,39 @@ def test_the_built_in_reads_the_shipped_nugget_by_windows():
     meta = encoder.metadata()
     assert meta["model"] == "nugget-passages" and "model_source" not in meta
     assert (encoder.passage_group_tokens, encoder.passage_temperature) == (254, 0.03)  # 256-token windows
+
+
+def test_the_passage_a_query_matched_is_the_best_window(capfd, tmp_path, nugget_dir):
+    """The window of highest mean-MaxSim, as a character span: the same in the API, rerank and search."""
+    model = docembed.load(str(nugget_dir), device="cpu", passage_temperature=0.05)
+    vectors = model.encode([QUERY, DOCS[0]])
+    windows, _ = window_groups(vectors.select([1]), 62)
+    best = int(np.argmax(maxsim_one_to_many(vectors[0], windows)))
+    spans = model.encoder.passage_spans([DOCS[0]])[0]
+    assert len(spans) == len(windows) >= 3 and spans[0][0] == 0 and spans[-1][1] == len(DOCS[0].rstrip())
+    found = model.best_passages(QUERY, DOCS)
+    assert (found[0]["start"], found[0]["end"]) == tuple(int(x) for x in spans[best])
+    assert found[0]["text"] == DOCS[0][spans[best][0] : spans[best][1]]
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": QUERY, "candidates": DOCS}) + "\n")
+    saved = tmp_path / "windows"
+    model.save(saved)
+    ranked = invoke(capfd, "rerank", tasks, "-m", saved, "--passages")
+    assert ranked.code == 0, ranked.err
+    by_text = {row["text"]: row["passage"] for row in json.loads(ranked.out)["ranking"]}
+    assert [by_text[d] for d in DOCS] == [[f["start"], f["end"]] for f in found]
+
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    assert invoke(capfd, "encode", corpus, "-m", saved, "-o", tmp_path / "e.npz").code == 0
+    assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "e.index").code == 0
+    options = ("--query", QUERY, "-k", "3", "--text-from", corpus, "--passages")
+    searched = invoke(capfd, "search", tmp_path / "e.index", *options)
+    assert searched.code == 0, searched.err
+    hits = {hit["id"]: hit["passage"] for hit in json.loads(searched.out)["results"]}
+    assert [hits[f"d{i}"] for i in range(3)] == [[f["start"], f["end"]] for f in found]
+
+    # all of a document's nuggets together (plain nugget) have no passages to name
+    refused = invoke(capfd, "rerank", tasks, "-m", nugget_dir, "--passages")
+    assert refused.code != 0 and "passages" in refused.err and "Traceback" not in refused.err

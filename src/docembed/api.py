@@ -303,13 +303,15 @@ class Model:
         documents = list(documents)
         spans = self.encoder.passage_spans(documents)  # refuses a model without passages, before encoding
         vectors = self.encode([query, *documents])
-        passages, cosines = best_passages(vectors[0], vectors.select(range(1, len(documents) + 1)))
+        group_tokens = passage_scoring(self.encoder)[2]
+        docs = vectors.select(range(1, len(documents) + 1))
+        passages, cosines = best_passages(vectors[0], docs, group_tokens)
         found = []
         for i, (j, score) in enumerate(zip(passages, cosines, strict=True)):
             if j < 0:
                 found.append(None)
                 continue
-            start, end = (int(x) for x in spans[i][j])
+            start, end = (int(x) for x in spans[i][min(j, len(spans[i]) - 1)])  # see best_passages
             found.append({"start": start, "end": end, "text": documents[i][start:end], "score": float(score)})
         return found
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from docembed.errors import DocembedError, UsageError
-from docembed.scoring import best_passages
+from docembed.scoring import best_passages, passage_counts, passage_scoring
 from docembed.types import MultiVectors
 
-PASSAGE_MODELS = "sbert-windows, or a student saved with long_documents late-chunks"
+PASSAGE_MODELS = "sbert-windows, nugget-passages, or a student saved with long_documents late-chunks"
 
 
 def refuse_index_without_passages(index, where: str, option: str = "--passages") -> None:
@@ -67,15 +67,20 @@ def add_passages(rows: Sequence[dict], queries: Sequence[MultiVectors], index, e
         if not hits:
             continue
         stored = index.vectors_of([hit["id"] for hit in hits])
-        found, _ = best_passages(query[0], stored)  # the rule of `rerank --passages`
-        for hit, span in zip(hits, passage_spans(encoder, hits, found, stored.counts), strict=True):
+        group_tokens = passage_scoring(index)[2]
+        found, _ = best_passages(query[0], stored, group_tokens)  # the rule of `rerank --passages`
+        counts = passage_counts(stored, group_tokens)
+        for hit, span in zip(hits, passage_spans(encoder, hits, found, counts, group_tokens), strict=True):
             hit["passage"] = span
             hit["passage_text"] = None if span is None else hit["text"][span[0] : span[1]]
 
 
-def passage_spans(encoder, hits: Sequence[dict], found, counts) -> list[list[int] | None]:
+def passage_spans(
+    encoder, hits: Sequence[dict], found, counts, group_tokens: int = 0
+) -> list[list[int] | None]:
     """[start, end] of passage found[i] in the text of hits[i] (None without a text or a passage), whose
-    document the index holds as counts[i] passage vectors."""
+    document the index holds as counts[i] passages (vectors; windows of token vectors with `group_tokens`,
+    which may count one more or one fewer than the text has: scoring.best_passages)."""
     with_text = [i for i, hit in enumerate(hits) if hit.get("text") is not None]
     spans = dict(zip(with_text, encoder.passage_spans([hits[i]["text"] for i in with_text]), strict=True))
     result = []
@@ -84,10 +89,11 @@ def passage_spans(encoder, hits: Sequence[dict], found, counts) -> list[list[int
         if i not in spans or passage < 0:
             result.append(None)
             continue
-        if len(spans[i]) != counts[i]:  # the text, or the model, is not the one the index was built from
+        extra = 1 if group_tokens else 0
+        if abs(len(spans[i]) - counts[i]) > extra:  # another text or model than the index's
             raise DocembedError(
                 f"id {hit['id']!r}: the model cuts its text into {len(spans[i])} passage(s), the index holds "
-                f"{counts[i]} vector(s) for it: give the corpus and the model the index was built from"
+                f"{counts[i]} for it: give the corpus and the model the index was built from"
             )
-        result.append([int(x) for x in spans[i][passage]])
+        result.append([int(x) for x in spans[i][min(passage, len(spans[i]) - 1)]])
     return result

@@ -86,6 +86,13 @@ def window_groups(docs: MultiVectors, group_tokens: int) -> tuple[MultiVectors, 
     return MultiVectors(docs.vectors, offsets), owner[starts]
 
 
+def passage_counts(docs: MultiVectors, group_tokens: int = 0) -> np.ndarray:
+    """How many passages each document has: its vectors, or with `group_tokens` its windows."""
+    if group_tokens <= 0 or len(docs.vectors) == 0:
+        return np.asarray(docs.counts)
+    return np.bincount(window_groups(docs, group_tokens)[1], minlength=len(docs))
+
+
 def smooth_max_by_owner(scores: np.ndarray, owner: np.ndarray, n: int, temperature: float) -> np.ndarray:
     """Per owner 0..n-1, the max (temperature 0) or log-mean-exp of its `scores`; -1 for one with none."""
     best = np.full(n, -np.inf)
@@ -139,13 +146,28 @@ def maxsim_one_to_many(
     return scores.astype(np.float32)
 
 
-def best_passages(query: np.ndarray, docs: MultiVectors) -> tuple[np.ndarray, np.ndarray]:
+def best_passages(
+    query: np.ndarray, docs: MultiVectors, group_tokens: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
     """Per document, which of its vectors (passages) the query (m, d) matches best: the one with the
     highest cosine averaged over the query's vectors, as an index within the document (-1 for a document
-    with no vectors), and that cosine (NaN there)."""
+    with no vectors), and that cosine (NaN there). With `group_tokens` (token vectors scored by windows),
+    which of its windows: the one of highest mean-MaxSim, as its index among the document's windows, and
+    that score. (A window is known by its vectors' token positions, and a window's special tokens share
+    their positions with its neighbours' edge tokens: a short last window whose one nugget is its [CLS]
+    joins the window before, a full last window's [SEP] makes one more; callers cap the index at the
+    text's last window.)"""
     found = np.full(len(docs), -1, dtype=np.int64)
     cosines = np.full(len(docs), np.nan, dtype=np.float64)
     if len(query) == 0 or len(docs.vectors) == 0:
+        return found, cosines
+    if group_tokens > 0:
+        windows, owner = window_groups(docs, group_tokens)
+        per_window = maxsim_one_to_many(query, windows)
+        for i in np.unique(owner):
+            mine = per_window[owner == i]
+            found[i] = int(np.argmax(mine))
+            cosines[i] = float(mine[found[i]])
         return found, cosines
     sims = (l2_normalize(query) @ l2_normalize(docs.vectors).T).mean(axis=0)
     for i, (start, stop) in enumerate(zip(docs.offsets[:-1], docs.offsets[1:], strict=True)):

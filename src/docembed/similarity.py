@@ -110,9 +110,11 @@ def rerank_rows(
             order = rank(scores)
             ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order]
             if spans is not None:
-                best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c))
+                group_tokens = passage_scoring(model)[2]
+                best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c), group_tokens)
                 for entry, i in zip(ranking, order, strict=True):
-                    entry["passage"] = spans[c[i]][best[i]].tolist() if best[i] >= 0 else None
+                    last = len(spans[c[i]]) - 1  # see best_passages
+                    entry["passage"] = spans[c[i]][min(best[i], last)].tolist() if best[i] >= 0 else None
             yield {("source" if by_id else "query"): query_key, "ranking": ranking}
 
 

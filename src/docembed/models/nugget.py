@@ -49,6 +49,7 @@ from docembed.models.base import (
     LONG_MODES,
     Encoder,
     EncoderConfig,
+    NotSupportedError,
     check_temperature,
     load_state_dict,
     read_config,
@@ -558,7 +559,8 @@ def _unit_rows_in_place(vectors: np.ndarray, rows_at_once: int = 65536) -> None:
 class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
     family = "nugget"
     config_class = NuggetConfig
-    capabilities = frozenset({"ratio", "long", "backends", "selection"})
+    # "passages": when scored by windows (passage_windows), a document's windows are its passages
+    capabilities = frozenset({"ratio", "long", "backends", "selection", "passages"})
 
     def __init__(self, config: NuggetConfig, name: str | None = None, tokenizer=None, model=None):
         super().__init__(config, name)
@@ -747,6 +749,27 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
         check_temperature(temperature)
         self.config.passage_windows = True
         self.config.passage_temperature = float(temperature)
+
+    def set_long_queries(self, long_queries: str) -> None:
+        raise NotSupportedError(
+            f"model {self.name!r} scores a query by all its nuggets: --long-queries applies to passage "
+            "vectors (sbert-windows, the student's --long late-chunks)"
+        )
+
+    def supports(self, capability: str) -> bool:
+        """Its windows are passages (`rerank --passages` names the best) only when it is scored by them."""
+        if capability == "passages":
+            return self.config.passage_windows
+        return super().supports(capability)
+
+    def passage_token_ranges(self, length: int) -> list[tuple[int, int]]:
+        """The [start, end) token ranges of its windows (`_windowed_nuggets`): the passages a document is
+        scored by when `passage_windows` is on, whose spans `passage_spans` gives."""
+        ranges = [
+            (start, start + len(window))
+            for start, window in token_windows(range(length), self.passage_group_tokens)
+        ]
+        return ranges if self.config.long_documents == "windows" else ranges[:1]  # truncate: one window
 
     @property
     def passage_temperature(self) -> float:
