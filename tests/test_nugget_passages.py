@@ -54,6 +54,9 @@ def test_vectors_are_grouped_by_the_window_of_their_position_and_windows_pool_as
         maxsim_pairs(queries, docs, temperature=0.1, group_tokens=4), smooth, atol=1e-6
     )
     np.testing.assert_allclose(score_matrix(queries, docs, 0.1, "passages", 4)[0], smooth, atol=1e-6)
+    # vectors of a document out of window order (not what encode gives) are grouped all the same
+    shuffled = MultiVectors(vectors[[3, 0, 2, 1, 4]], docs.offsets, docs.positions[[3, 0, 2, 1, 4]])
+    np.testing.assert_allclose(maxsim_one_to_many(query, shuffled, 0.1, "passages", 4), smooth, atol=1e-6)
     with pytest.raises(ValueError, match="positions"):
         maxsim_one_to_many(query, MultiVectors(vectors, docs.offsets), 0.0, "passages", 4)
 

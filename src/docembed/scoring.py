@@ -80,10 +80,14 @@ def window_groups(docs: MultiVectors, group_tokens: int) -> tuple[MultiVectors, 
         raise ValueError("scoring by windows needs the vectors' token positions (encode keeps them)")
     windows = np.maximum(np.asarray(docs.positions, dtype=np.int64) - 1, 0) // group_tokens
     owner = np.repeat(np.arange(len(docs)), docs.counts)
-    # a new group where the document or the window changes (a document's vectors are in text order)
-    starts = np.flatnonzero(np.r_[True, (owner[1:] != owner[:-1]) | (windows[1:] != windows[:-1])])
-    offsets = np.r_[starts, len(docs.vectors)].astype(np.int64)
-    return MultiVectors(docs.vectors, offsets), owner[starts]
+    key = owner * (int(windows.max(initial=0)) + 1) + windows
+    vectors = docs.vectors
+    if np.any(key[1:] < key[:-1]):  # encode gives them window by window; other vectors are sorted so
+        order = np.argsort(key, kind="stable")
+        vectors, key, owner = vectors[order], key[order], owner[order]
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])  # a group where the (document, window) changes
+    offsets = np.r_[starts, len(vectors)].astype(np.int64)
+    return MultiVectors(vectors, offsets), owner[starts]
 
 
 def passage_counts(docs: MultiVectors, group_tokens: int = 0) -> np.ndarray:
