@@ -225,9 +225,9 @@ class LanceIndex:
             raise DocembedError("cannot build an index over zero embeddings")
         if embeddings.metadata.get("passage_group_tokens"):
             raise UsageError(
-                "these vectors are scored by windows of their token positions (NUGGET's passage_windows), "
-                "which a Lance collection does not keep: use --store faiss, or encode without "
-                "--passage-temperature"
+                "these vectors are scored by windows of their token positions (nugget-passages, or nugget "
+                "with --passage-temperature), which a Lance collection does not keep: use --store faiss, or "
+                "encode with plain nugget"
             )
         _refuse_non_finite(embeddings)
         refuse_repeated_ids(embeddings.ids, "the embeddings")
