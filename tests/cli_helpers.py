@@ -137,3 +137,17 @@ def tiny_distill_args(corpus: Path, out: Path, student: Path, sbert: Path, cache
     args = ["-q", "train-distill", str(corpus), "-o", str(out), "--student", str(student)]
     args += ["--teacher", "sbert", "--sbert-model", str(sbert), "--batch-size", "4"]
     return [*args, "--cache-dir", str(cache)]
+
+
+def encode_and_index(capfd, folder: Path, model, texts, *options) -> Path:
+    """`texts` as docs.jsonl (ids d0, d1, ...) in `folder`, encoded by `model` with `options` and indexed
+    (faiss): the index folder, its metadata what encode recorded."""
+    import json
+
+    corpus = folder / "docs.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    encoded = invoke(capfd, "encode", corpus, "-m", model, "-o", folder / "docs.npz", *options)
+    assert encoded.code == 0, encoded.err
+    built = invoke(capfd, "index", "build", folder / "docs.npz", "-o", folder / "docs.index")
+    assert built.code == 0, built.err
+    return folder / "docs.index"

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import docembed
-from cli_helpers import invoke
+from cli_helpers import encode_and_index, invoke
 from docembed.models.registry import BUILTIN
 from docembed.scoring import maxsim_one_to_many, maxsim_pairs, score_matrix, window_groups
 from docembed.types import MultiVectors
@@ -97,12 +97,8 @@ def test_a_nugget_scored_by_windows_in_the_api_and_a_saved_model(nugget_dir, tmp
 
 
 def test_encode_records_the_windows_and_a_faiss_index_searches_with_them(capfd, tmp_path, nugget_dir):
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    encode_and_index(capfd, tmp_path, nugget_dir, DOCS, "--passage-temperature", "0.05")
     out = tmp_path / "docs.npz"
-    done = invoke(capfd, "encode", corpus, "-m", nugget_dir, "-o", out, "--passage-temperature", "0.05")
-    assert done.code == 0, done.err
-    assert invoke(capfd, "index", "build", out, "-o", tmp_path / "docs.index").code == 0
     meta = json.loads((tmp_path / "docs.index" / "meta.json").read_text())
     assert meta["passage_group_tokens"] == 62 and meta["passage_temperature"] == 0.05
     found = invoke(capfd, "search", tmp_path / "docs.index", "--query", QUERY, "-k", "3", "-m", nugget_dir)
@@ -170,12 +166,9 @@ def test_the_passage_a_query_matched_is_the_best_window(capfd, tmp_path, nugget_
     by_text = {row["text"]: row["passage"] for row in json.loads(ranked.out)["ranking"]}
     assert [by_text[d] for d in DOCS] == [[f["start"], f["end"]] for f in found]
 
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
-    assert invoke(capfd, "encode", corpus, "-m", saved, "-o", tmp_path / "e.npz").code == 0
-    assert invoke(capfd, "index", "build", tmp_path / "e.npz", "-o", tmp_path / "e.index").code == 0
-    options = ("--query", QUERY, "-k", "3", "--text-from", corpus, "--passages")
-    searched = invoke(capfd, "search", tmp_path / "e.index", *options)
+    index = encode_and_index(capfd, tmp_path, saved, DOCS)
+    options = ("--query", QUERY, "-k", "3", "--text-from", tmp_path / "docs.jsonl", "--passages")
+    searched = invoke(capfd, "search", index, *options)
     assert searched.code == 0, searched.err
     hits = {hit["id"]: hit["passage"] for hit in json.loads(searched.out)["results"]}
     assert [hits[f"d{i}"] for i in range(3)] == [[f["start"], f["end"]] for f in found]

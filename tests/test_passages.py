@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import docembed
-from cli_helpers import invoke
+from cli_helpers import encode_and_index, invoke
 from docembed.models.base import NotSupportedError
 from docembed.scoring import LONG_QUERY_PASSAGES, maxsim_one_to_many
 
@@ -93,11 +93,7 @@ def test_similarity_rerank_and_a_fusion_score_as_the_api(capfd, tmp_path, passag
 
 
 def test_encode_records_the_pooling_and_the_index_searches_with_it(capfd, tmp_path, passages_dir):
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
-    out = tmp_path / "docs.npz"
-    assert invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", out).code == 0
-    assert invoke(capfd, "index", "build", out, "-o", tmp_path / "docs.index").code == 0
+    encode_and_index(capfd, tmp_path, passages_dir, DOCS)
     meta = json.loads((tmp_path / "docs.index" / "meta.json").read_text())
     assert meta["passage_temperature"] == 0.05
     found = invoke(capfd, "search", tmp_path / "docs.index", "--query", QUERY, "-k", "3")
@@ -206,12 +202,7 @@ def test_long_queries_read_whole_in_the_api_encode_and_the_index(capfd, tmp_path
     model.save(tmp_path / "whole")
     assert docembed.load(str(tmp_path / "whole"), device="cpu").encoder.long_queries == "whole"
     # encode --long-queries: recorded beside the vectors and in the index, which searches with it
-    corpus = tmp_path / "docs.jsonl"
-    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(DOCS)))
-    out = tmp_path / "docs.npz"
-    encoded = invoke(capfd, "encode", corpus, "-m", passages_dir, "-o", out, "--long-queries", "whole")
-    assert encoded.code == 0, encoded.err
-    assert invoke(capfd, "index", "build", out, "-o", tmp_path / "docs.index").code == 0
+    encode_and_index(capfd, tmp_path, passages_dir, DOCS, "--long-queries", "whole")
     assert json.loads((tmp_path / "docs.index" / "meta.json").read_text())["long_queries"] == "whole"
     found = invoke(capfd, "search", tmp_path / "docs.index", "--query", DOCS[2], "-k", "3")
     assert found.code == 0, found.err
