@@ -223,12 +223,6 @@ class LanceIndex:
             raise UsageError(f"a Lance index holds float32 or float16 vectors, not {storage}")
         if len(embeddings) == 0:
             raise DocembedError("cannot build an index over zero embeddings")
-        if embeddings.metadata.get("passage_group_tokens"):
-            raise UsageError(
-                "these vectors are scored by windows of their token positions (nugget-passages, or nugget "
-                "with --passage-temperature), which a Lance collection does not keep: use --store faiss, or "
-                "encode with plain nugget"
-            )
         _refuse_non_finite(embeddings)
         refuse_repeated_ids(embeddings.ids, "the embeddings")
         fields = dict(fields or {})
@@ -808,7 +802,14 @@ def collection_metadata(
     metadata: Mapping[str, object], dim: int, multi: bool, kind: str = "flat", storage: str = "float32"
 ) -> dict:
     """What a collection records of its embeddings' `metadata`: the model and the kind of index, not the
-    rows' text digests or a count (the table counts its rows)."""
+    rows' text digests or a count (the table counts its rows). Vectors scored by windows of their token
+    positions are refused: a collection keeps no positions, so it could not score them as their model does."""
+    if metadata.get("passage_group_tokens"):
+        raise UsageError(
+            "these vectors are scored by windows of their token positions (nugget-passages, or nugget with "
+            "--passage-temperature), which a Lance collection does not keep: use --store faiss, or encode "
+            "with plain nugget"
+        )
     recorded = dict(metadata, index_kind=kind, storage=storage, dim=dim)
     recorded.pop("text_hashes", None)  # the rows' text digests (encode --reuse): not the index's
     recorded.pop("count", None)  # the table counts its rows; a count here would go stale
