@@ -96,6 +96,29 @@ def test_a_nugget_scored_by_windows_in_the_api_and_a_saved_model(nugget_dir, tmp
     np.testing.assert_allclose(again.similarity([QUERY], DOCS)[0], scores, rtol=1e-5)
 
 
+def test_outputs_that_keep_no_positions_refuse_it_before_any_work(capfd, tmp_path, nugget_dir, monkeypatch):
+    """A Lance collection written by the Ray engine keeps no token positions: refused before Ray starts,
+    for the built-in and for a saved model scored by windows alike (plain nugget is not refused)."""
+    from docembed.engines import ray_engine
+    from docembed.models.registry import resolve_model
+
+    def never(*args, **kwargs):
+        raise AssertionError("the Ray engine started")
+
+    monkeypatch.setattr(ray_engine, "encode_with_ray", never)
+
+    saved = tmp_path / "windows"
+    docembed.load(str(nugget_dir), device="cpu", passage_temperature=0.05).save(saved)
+    corpus = tmp_path / "docs.jsonl"
+    corpus.write_text(json.dumps({"id": "d0", "text": DOCS[0]}) + "\n")
+    for model in ("nugget-passages", saved):
+        refused = invoke(capfd, "encode", corpus, "-m", model, "--engine", "ray", "-o", tmp_path / "x.lance")
+        assert refused.code == 2 and "token positions" in refused.err, refused.err
+        assert not (tmp_path / "x.lance").exists()
+    assert not resolve_model("nugget").scores_by_token_windows()
+    assert not resolve_model(str(nugget_dir)).scores_by_token_windows()
+
+
 def test_encode_records_the_windows_and_a_faiss_index_searches_with_them(capfd, tmp_path, nugget_dir):
     encode_and_index(capfd, tmp_path, nugget_dir, DOCS, "--passage-temperature", "0.05")
     out = tmp_path / "docs.npz"

@@ -164,8 +164,7 @@ def encode(
         from docembed.models.base import check_long_queries
 
         check_long_queries(long_queries)
-    if not fit:  # a model that is nothing fails now; --fit makes the model first
-        common.resolve(model)
+    resolved = None if fit else common.resolve(model)  # a model that is nothing fails now (--fit makes it)
     _check_server_use(fit, workers, engine, ratio, long, backend, precision, selector, max_vectors,
                       max_length, passage_temperature, long_queries)  # fmt: skip
     ray_flags = {
@@ -196,6 +195,12 @@ def encode(
             )
         if reuse:
             raise UsageError("--reuse is for the local engine (a re-run of --engine ray skips done shards)")
+        lance_output = output_format == "lance" or str(output).endswith(".lance")
+        if lance_output and resolved is not None and resolved.scores_by_token_windows():
+            raise UsageError(
+                f"{model} scores its nuggets by windows of their token positions, which a Lance collection "
+                "does not keep: write Parquet shards (then `index build --store faiss`), or use nugget"
+            )
         from docembed.engines.ray_engine import RayOptions, encode_with_ray
 
         encode_with_ray(

@@ -255,6 +255,20 @@ class ResolvedModel:
         with quiet_third_party():
             return self._load(device)
 
+    def scores_by_token_windows(self) -> bool:
+        """Whether the model scores its token vectors by windows of their positions (NUGGET's
+        `passage_windows`: `nugget-passages`, or a saved NUGGET with the setting), read from its entry or
+        config without loading it: outputs that keep no positions cannot hold its vectors."""
+        if self.kind == "builtin":
+            entry = BUILTIN[self.name]
+            return entry.family == "nugget" and "passage_temperature" in entry.settings
+        if self.kind == "folder" and not (_is_zoo_dir(self.path) or _is_sentence_transformers_dir(self.path)):
+            from docembed.models.base import read_config
+
+            saved = read_config(self.path)
+            return saved.get("family") == "nugget" and bool(saved.get("config", {}).get("passage_windows"))
+        return False
+
     def _load(self, device: str):
         if self.kind == "folder":
             return _load_folder(self.spec, self.path, device)
