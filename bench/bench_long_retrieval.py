@@ -41,6 +41,7 @@ configurations without encoding again); the summary goes to bench/results/long_r
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -265,6 +266,7 @@ def student_default(chunks, texts: list[str], tokenizer, chunk_tokens: int = 256
     return l2_normalize(out.astype(np.float32))
 
 
+@functools.cache  # a model load: once per run, not once per task split
 def nugget_window_tokens() -> int:
     """The text tokens of one of the shipped NUGGET's windows, by which its nuggets are grouped."""
     import docembed

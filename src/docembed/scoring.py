@@ -90,6 +90,13 @@ def window_groups(docs: MultiVectors, group_tokens: int) -> tuple[MultiVectors, 
     return MultiVectors(vectors, offsets), owner[starts]
 
 
+def window_scores(query: np.ndarray, docs: MultiVectors, group_tokens: int) -> tuple[np.ndarray, np.ndarray]:
+    """mean-MaxSim of `query` with each window of each document (`window_groups`), and each window's
+    document (sorted: a document's windows are consecutive)."""
+    windows, owner = window_groups(docs, group_tokens)
+    return maxsim_one_to_many(query, windows), owner
+
+
 def passage_counts(docs: MultiVectors, group_tokens: int = 0) -> np.ndarray:
     """How many passages each document has: its vectors, or with `group_tokens` its windows."""
     if group_tokens <= 0 or len(docs.vectors) == 0:
@@ -132,8 +139,7 @@ def maxsim_one_to_many(
     if group_tokens > 0:
         if len(docs.vectors) == 0:
             return np.full(len(docs), -1.0, dtype=np.float32)
-        windows, owner = window_groups(docs, group_tokens)
-        per_window = maxsim_one_to_many(query, windows)
+        per_window, owner = window_scores(query, docs, group_tokens)
         return smooth_max_by_owner(per_window, owner, len(docs), temperature).astype(np.float32)
     if reads_whole(query, long_queries) and len(docs.vectors):
         return whole_cosines(query, docs)
@@ -166,10 +172,12 @@ def best_passages(
     if len(query) == 0 or len(docs.vectors) == 0:
         return found, cosines
     if group_tokens > 0:
-        windows, owner = window_groups(docs, group_tokens)
-        per_window = maxsim_one_to_many(query, windows)
-        for i in np.unique(owner):
-            mine = per_window[owner == i]
+        per_window, owner = window_scores(query, docs, group_tokens)
+        bounds = np.searchsorted(
+            owner, np.arange(len(docs) + 1)
+        )  # document i's windows: bounds[i]:bounds[i+1]
+        for i in np.flatnonzero(np.diff(bounds)):
+            mine = per_window[bounds[i] : bounds[i + 1]]
             found[i] = int(np.argmax(mine))
             cosines[i] = float(mine[found[i]])
         return found, cosines
