@@ -16,6 +16,14 @@ test queries and 29 of ng-thread's 150 counted it as one):
 - ng-thread: 20 Newsgroups test posts of one newsgroup joined twelve at a time into documents of a few
   thousand words; the query is the first 30 words of one of the later posts, taken out of its document
   (short queries among documents of the same topics: hard to saturate).
+`--more-pages` adds pages no model trained on, so that the test splits can show a difference of a few points
+(at 53-72 test queries, a ranker that always puts the answer first is only 2.2-2.5 paired SEs above tf-idf on
+man-part and docs-halves): to the man tasks, 88 long man pages of 64 Debian packages this machine lacks
+(scripts/man_corpus.py --packages: mail, DNS, VPN, storage, containers, typesetting, Debian packaging);
+to the docs tasks, 286 pages of nine documentation packages no corpus trains on (scripts/debian_docs.py
+--evaluation: Debian policy and guides, exim4, postfix, BIND, libvirt, Node.js, Sphinx), half val and half
+test. They join each split's candidates after its own pages, encoded as a block of their own (the cache of
+the tasks without them serves both runs); the summary goes to bench/results/long_retrieval_more.json.
 Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with docembed's plain analyzer and
 with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
 windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
@@ -35,6 +43,7 @@ configurations without encoding again); the summary goes to bench/results/long_r
 
     .venv/bin/python bench/bench_long_retrieval.py [--encoders sbert-windows,student] [--ng-docs 150]
     .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --encode-only val   # fill the cache
+    .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --more-pages
     .venv/bin/python bench/run.py --only long_retrieval
 """
 
@@ -56,9 +65,11 @@ import numpy as np
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 OUT = BENCH_DIR / "results" / "long_retrieval.json"
+OUT_MORE_PAGES = BENCH_DIR / "results" / "long_retrieval_more.json"
 WORK = ROOT / "runs" / "long_retrieval"
 sys.path[:0] = [str(BENCH_DIR), str(ROOT / "scripts")]
 
+import debian_docs  # noqa: E402  (documentation no corpus trains on: --more-pages)
 import man_corpus  # noqa: E402  (a man page's NAME line: the summary task's queries)
 
 import bench_long  # noqa: E402  (man pages and their part / halves tasks)
@@ -86,10 +97,13 @@ DUPLICATE_SHARE = 0.5  # of the query's n-grams found in another candidate: a du
 
 
 # --- tasks --------------------------------------------------------------------------------------------------
-def summary_task(pages: list[dict]) -> tuple[list[str], list[str]]:
+def summary_task(pages: list[dict], man_roots: dict | None = None) -> tuple[list[str], list[str]]:
+    """(each page's NAME description, the page without it); `man_roots`: package -> its man folder, for pages
+    read from a package ("source") rather than this machine."""
     queries, documents = [], []
     for page in pages:
-        description = man_corpus.man_description(page["id"])
+        root = (man_roots or {}).get(page.get("source"), man_corpus.MAN_ROOT)
+        description = man_corpus.man_description(page["id"], root)
         if description is None:
             continue
         kept = [p for p in page["text"].split("\n") if description.lower() not in p.lower()]
@@ -131,12 +145,11 @@ def newsgroup_threads(split: str, limit: int) -> tuple[list[str], list[str]]:
     return [queries[i] for i in order], [documents[i] for i in order]
 
 
-def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]]]:
-    man = bench_long.pages(10**6)
-    docs = bench_student_kinds.debian_docs()
+def page_tasks(man: list[dict], docs: list[dict], seed: int, man_roots: dict | None = None) -> dict:
+    """{task: {split: (queries, candidates)}} of the man and documentation pages' tasks."""
     tasks: dict[str, dict] = {}
     for split in SPLITS:
-        rng = np.random.default_rng(1111)
+        rng = np.random.default_rng(seed)
         man_split = [p for p in man if bench_long.split_of(p["id"]) == split]
         docs_split = [p for p in docs if p["split"] == split]
         for kind, pages in (("man", man_split), ("docs", docs_split)):
@@ -144,9 +157,46 @@ def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]
             halves = [bench_long.halves_task(p) for p in pages]
             tasks.setdefault(f"{kind}-part", {})[split] = ([q for q, _ in parts], [d for _, d in parts])
             tasks.setdefault(f"{kind}-halves", {})[split] = ([q for q, _ in halves], [d for _, d in halves])
-        tasks.setdefault("man-summary", {})[split] = summary_task(man_split)
+        tasks.setdefault("man-summary", {})[split] = summary_task(man_split, man_roots)
+    return tasks
+
+
+def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]]]:
+    tasks = page_tasks(bench_long.pages(10**6), bench_student_kinds.debian_docs(), seed=1111)
+    for split in SPLITS:
         tasks.setdefault("ng-thread", {})[split] = newsgroup_threads(split, ng_docs)
     return tasks
+
+
+def more_page_tasks() -> dict[str, dict[str, tuple[list[str], list[str]]]]:
+    """The same page tasks on the pages `--more-pages` adds (fetched from the Debian archive once, into
+    runs/): their own block of queries and candidates, with a seed of their own."""
+    man_file, docs_file = (
+        ROOT / "runs" / "man-packages" / "man-pages.jsonl",
+        ROOT / "runs" / "debian-docs-eval",
+    )
+    if not man_file.exists():
+        man_corpus.main([str(man_file), "--packages", str(man_file.parent), "--min-bytes", "12000"])
+    if not (docs_file / "docs.jsonl").exists():
+        debian_docs.main([str(docs_file / "docs.jsonl"), "--cache", str(docs_file), "--evaluation"])
+    man = [json.loads(line) for line in man_file.read_text(encoding="utf-8").splitlines()]
+    man = [p for p in man if 2000 <= len(p["text"].split()) <= 10000]  # as bench_long's pages
+    docs = [json.loads(line) for line in (docs_file / "docs.jsonl").read_text(encoding="utf-8").splitlines()]
+    docs = [p for p in docs if bench_student_kinds.DOC_WORDS[0] <= len(p["text"].split())]
+    docs = [p for p in docs if len(p["text"].split()) <= bench_student_kinds.DOC_WORDS[1]]
+    roots = {p: man_file.parent / "unpacked" / p / "usr" / "share" / "man" for p in man_corpus.MAN_PACKAGES}
+    return page_tasks(sorted(man, key=lambda p: p["id"]), docs, seed=1112, man_roots=roots)
+
+
+def joined(tasks: dict, more: dict) -> dict:
+    """Each task split's queries and candidates followed by `more`'s of the same task split, if any."""
+    return {
+        task: {
+            split: tuple(a + b for a, b in zip(pair, more.get(task, {}).get(split, ([], [])), strict=True))
+            for split, pair in by_split.items()
+        }
+        for task, by_split in tasks.items()
+    }
 
 
 def word_ngrams(words: list[str], n: int) -> set[tuple[str, ...]]:
@@ -245,6 +295,21 @@ def encoded(label: str, task: str, split: str, texts: dict[str, list[str]], timi
     return out
 
 
+def encoded_task(label: str, task: str, split: str, tasks: dict, more: dict, timings: dict) -> dict:
+    """`encoded` of a task split: its own block of texts, then `more`'s block of the same task split (cached
+    apart, so that the tasks' cache serves runs with and without `--more-pages`)."""
+    from docembed.types import concat_vectors
+
+    blocks = {task: tasks[task][split]}
+    if task in more:
+        blocks[f"{task}-more"] = more[task][split]
+    parts = [
+        encoded(label, name, split, {"queries": queries, "candidates": candidates}, timings)
+        for name, (queries, candidates) in blocks.items()
+    ]
+    return {side: concat_vectors([part[side] for part in parts]) for side in ("queries", "candidates")}
+
+
 def student_default(chunks, texts: list[str], tokenizer, chunk_tokens: int = 256, max_length: int = 2048):
     """The student's default vectors from its unnormalised late chunks: each chunk's mean weighted by the
     tokens it pooled (a pass's [CLS] joins its first chunk and [SEP] its last), normalised."""
@@ -341,12 +406,61 @@ def fused_models(rr: dict) -> list[str]:
     return list(dict.fromkeys(chosen + [m for m in SHIPPED.values() if m in rr]))
 
 
-def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict, long: dict) -> dict:
+def fused_ranks(
+    results, lexical, model, split, excluded, weight, method="zscore", long_rows=None, long_weight=None
+):
+    """{task: reciprocal ranks} of `lexical` fused with `model` on one split; `long_rows` (task -> bool per
+    query): the long queries, weighted by `long_weight` instead."""
+    from docembed.models.fusion import fuse
+
+    out = {}
+    for task, lexical_part in results[lexical][split].items():
+        weights = weight if long_rows is None else np.where(long_rows[task], long_weight, weight)[:, None]
+        fused = fuse(lexical_part, results[model][split][task], weights, method)
+        out[task] = reciprocal_ranks(fused, excluded[task][split])
+    return out
+
+
+def shipped_fusion_rows(results: dict, excluded: dict, long: dict) -> dict:
+    """Each fusion of a built-in's shipped reading at the weights the product ships (VALIDATED_WEIGHTS, and
+    for long queries VALIDATED_LONG_QUERY_WEIGHTS): what a user gets, where this run's val would choose
+    other weights (a run on other tasks, `--more-pages`)."""
+    from docembed.models.fusion import VALIDATED_LONG_QUERY_WEIGHTS, VALIDATED_WEIGHTS
+
+    rows = {}
+    for (lexical, model), weight in VALIDATED_WEIGHTS.items():
+        reading = SHIPPED.get(model)
+        if reading not in results or lexical not in results:
+            continue
+        long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
+        family = reading.split(" passages")[0]
+        rows[f"{lexical}+{reading} (shipped weights)"] = {
+            "weight": weight,
+            **({"long_query_weight": long_weight} if long_weight is not None else {}),
+            "rr": {
+                split: fused_ranks(
+                    results,
+                    lexical,
+                    reading,
+                    split,
+                    excluded,
+                    weight,
+                    "zscore",
+                    long[family][split] if long_weight is not None else None,
+                    long_weight,
+                )
+                for split in SPLITS
+            },
+        }
+    return rows
+
+
+def fusion_rows(results: dict, models: list[str], excluded: dict, long: dict) -> dict:
     """Each lexical rule fused with each of `models`: z-score convex and RRF, one weight chosen on all val
     tasks together (the mean of their MRRs) and applied to test; for a passage configuration also z-score
     with one weight for long queries (`long`: family -> split -> task -> bool per query, LONG_QUERY_PASSAGES
     passages or more) and one for the rest, each chosen the same way (the other held, twice round)."""
-    from docembed.models.fusion import WEIGHT_GRID, fuse
+    from docembed.models.fusion import WEIGHT_GRID
 
     def val_best(mrr) -> float:
         val = {w: float(np.mean([rr.mean() for rr in mrr(w, "val").values()])) for w in WEIGHT_GRID}
@@ -358,13 +472,7 @@ def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict, l
             for method in ("zscore", "rrf"):
 
                 def mrr(weight, split, lexical=lexical, model=model, method=method):
-                    return {
-                        task: reciprocal_ranks(
-                            fuse(results[lexical][split][task], results[model][split][task], weight, method),
-                            excluded[task][split],
-                        )
-                        for task in tasks
-                    }
+                    return fused_ranks(results, lexical, model, split, excluded, weight, method)
 
                 weight = val_best(mrr)
                 label = f"{lexical}+{model} ({method})"
@@ -374,13 +482,10 @@ def fusion_rows(results: dict, tasks: dict, models: list[str], excluded: dict, l
                 continue
 
             def by_kind(short_weight, long_weight, split, lexical=lexical, model=model, family=family):
-                out = {}
-                for task in tasks:
-                    weights = np.where(long[family][split][task], long_weight, short_weight)[:, None]
-                    parts = results[lexical][split][task], results[model][split][task]
-                    fused = fuse(*parts, weights, "zscore")
-                    out[task] = reciprocal_ranks(fused, excluded[task][split])
-                return out
+                rows_ = long[family][split]
+                return fused_ranks(
+                    results, lexical, model, split, excluded, short_weight, "zscore", rows_, long_weight
+                )
 
             short_weight = long_weight = rows[f"{lexical}+{model} (zscore)"]["weight"]
             for _ in range(2):
@@ -431,18 +536,26 @@ def main(
     full: bool = False,
     encoders: list[str] | None = None,
     ng_docs: int = 150,
-    out: pathlib.Path = OUT,
+    out: pathlib.Path | None = None,
     quick: bool = False,
+    more_pages: bool = False,
 ) -> dict:
     tasks = build_tasks(ng_docs)
+    more = more_page_tasks() if more_pages else {}
+    out = out or (OUT_MORE_PAGES if more_pages else OUT)
     if quick:  # checks the pipeline in minutes; its numbers mean nothing and stay beside the quick results
         tasks = {
             task: {split: (q[:QUICK_DOCS], c[:QUICK_DOCS]) for split, (q, c) in by_split.items()}
             for task, by_split in tasks.items()
         }
+        more = {
+            task: {split: (q[:QUICK_DOCS], c[:QUICK_DOCS]) for split, (q, c) in by.items()}
+            for task, by in more.items()
+        }
         encoders = encoders or ["static", "sbert-windows"]
         out = pathlib.Path(out_dir or WORK) / "long_retrieval.json"
         pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
+    own_tasks, tasks = tasks, joined(tasks, more)
     excluded = {
         task: {split: duplicate_answers(q, c) for split, (q, c) in by_split.items()}
         for task, by_split in tasks.items()
@@ -466,7 +579,7 @@ def main(
         for task, by_split in tasks.items():
             for split, (queries, candidates) in by_split.items():
                 texts = {"queries": queries, "candidates": candidates}
-                vectors = encoded(label, task, split, texts, timings)
+                vectors = encoded_task(label, task, split, own_tasks, more, timings)
                 if label in PASSAGE_FAMILY:
                     rows = long_query_rows(vectors["queries"])
                     long.setdefault(PASSAGE_FAMILY[label], {}).setdefault(split, {})[task] = rows
@@ -480,7 +593,10 @@ def main(
         for name, by_split in scores.items()
     }
     weights = {}
-    for label, row in fusion_rows(scores, tasks, fused_models(rr), excluded, long).items():
+    fusions = fusion_rows(scores, fused_models(rr), excluded, long)
+    if more:  # other tasks than the weights were chosen on: the product's weights too
+        fusions |= shipped_fusion_rows(scores, excluded, long)
+    for label, row in fusions.items():
         rr[label] = row["rr"]
         weights[label] = {k: row[k] for k in ("weight", "long_query_weight") if k in row}
 
@@ -501,6 +617,11 @@ def main(
             for task, by_split in tasks.items()
         },
         "threads": os.environ.get("OMP_NUM_THREADS"),
+        **(
+            {"more_pages": {t: {s: len(q) for s, (q, _) in by.items()} for t, by in more.items()}}
+            if more
+            else {}
+        ),
         **summarise(rr, tasks, weights, timings),
     }
     rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.pop("models").items())
@@ -514,7 +635,10 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--encoders", help=f"comma-separated, of {', '.join(ENCODERS)} (default: all)")
     parser.add_argument("--ng-docs", type=int, default=150, help="joined 20 Newsgroups documents per split")
-    parser.add_argument("--out", type=pathlib.Path, default=OUT)
+    parser.add_argument(
+        "--out", type=pathlib.Path, help=f"default: {OUT.name} ({OUT_MORE_PAGES.name} with --more-pages)"
+    )
+    parser.add_argument("--more-pages", action="store_true", help="add pages no model trained on (see above)")
     parser.add_argument(
         "--encode-only",
         choices=SPLITS,
@@ -524,12 +648,11 @@ if __name__ == "__main__":
     args = parser.parse_args()
     chosen = args.encoders.split(",") if args.encoders else None
     if args.encode_only:
-        tasks = build_tasks(args.ng_docs)
+        tasks, more = build_tasks(args.ng_docs), more_page_tasks() if args.more_pages else {}
         for label in chosen or list(ENCODERS):
-            for task, by_split in tasks.items():
-                queries, candidates = by_split[args.encode_only]
-                encoded(label, task, args.encode_only, {"queries": queries, "candidates": candidates}, {})
+            for task in tasks:
+                encoded_task(label, task, args.encode_only, tasks, more, {})
         sys.exit(0)
-    result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out)
+    result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out, more_pages=args.more_pages)
     for label, row in result["models"].items():
         print(f"{label:50s} val {row['mean']['val']:6.2f}  test {row['mean']['test']:6.2f}")

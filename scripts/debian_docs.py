@@ -8,10 +8,16 @@ joined by newlines (navigation, code and option lists are mostly short lines and
 text equals an earlier one's is written once. Every document gets a split by a hash of its id: `val`
 (a tenth), `test` (a tenth) and `train` (the rest).
 
+`--evaluation` writes other packages' pages instead (EVALUATION_PACKAGES: Debian policy and developers'
+guides, exim4's and postfix's documentation, BIND's manual, libvirt's, Node.js's API, Sphinx's): text
+no corpus trains on, so each page is `val` or `test`, half and half by the same hash. The long-document
+bench reads them with `--more-pages`, for test splits large enough to show a difference of a few points.
+
 The Debian packages linux-doc-* and python3*-doc are reserved for independent evaluation: never fetched here.
 Derived data: written under runs/, never shipped.
 
     python scripts/debian_docs.py runs/debian-docs/docs.jsonl [--cache runs/debian-docs] [--min-words 300]
+    python scripts/debian_docs.py runs/debian-docs-eval/docs.jsonl --cache runs/debian-docs-eval --evaluation
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ import html.parser
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
+
+from debian_packages import fetch
 
 # package -> (folder inside the package, file pattern)
 PACKAGES = {
@@ -32,6 +39,17 @@ PACKAGES = {
     "perl-doc": ("usr/share/perl", "*.pod"),
     "postgresql-doc-15": ("usr/share/doc/postgresql-doc-15/html", "*.html"),
     "git-doc": ("usr/share/doc/git-doc", "*.html"),
+}
+EVALUATION_PACKAGES = {  # read by no training corpus: val and test pages only
+    "debian-policy": ("usr/share/doc/debian-policy/policy.html", "*.html"),
+    "developers-reference": ("usr/share/developers-reference", "*.html"),
+    "maint-guide": ("usr/share/doc/maint-guide/html", "*.en.html"),
+    "exim4-doc-html": ("usr/share/doc/exim4-doc-html/spec_html", "*.html"),
+    "postfix-doc": ("usr/share/doc/postfix/html", "*.html"),
+    "bind9-doc": ("usr/share/doc/bind9-doc", "*.html"),
+    "libvirt-doc": ("usr/share/doc/libvirt-doc/html", "*.html"),
+    "nodejs-doc": ("usr/share/doc/nodejs/api", "*.html"),
+    "sphinx-doc": ("usr/share/doc/sphinx-doc/html", "*.html"),
 }
 MIN_WORDS = 6  # a shorter line is navigation, a heading or an option, not prose
 BLOCKS = {"p", "li", "dd", "dt", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "div", "blockquote", "br"}
@@ -95,30 +113,17 @@ def pod_paragraphs(path: Path) -> list[str]:
     return prose([re.sub(r"\s+", " ", b).strip() for b in blocks])
 
 
-def split_of(doc_id: str) -> str:
-    """val / test / train by a hash of the id (a tenth, a tenth, the rest)."""
+def split_of(doc_id: str, evaluation: bool = False) -> str:
+    """val / test / train by a hash of the id (a tenth, a tenth, the rest); an evaluation package's page:
+    val / test (half and half)."""
     bucket = hashlib.sha1(doc_id.encode()).digest()[0] % 10
+    if evaluation:
+        return "val" if bucket % 2 == 0 else "test"
     return "val" if bucket == 0 else "test" if bucket == 1 else "train"
 
 
-def fetch(cache: Path) -> Path:
-    """Download and unpack the packages into `cache` once; the folder they were unpacked into."""
-    unpacked = cache / "unpacked"
-    if (unpacked / ".done").exists():
-        return unpacked
-    unpacked.mkdir(parents=True, exist_ok=True)
-    got = subprocess.run(["apt-get", "download", *PACKAGES], cwd=cache, capture_output=True, text=True)
-    if got.returncode != 0:
-        sys.exit(f"apt-get download failed (the Debian archive must be reachable): {got.stderr.strip()}")
-    for deb in sorted(cache.glob("*.deb")):
-        print(f"unpacking {deb.name}", file=sys.stderr)  # the archive's current versions: the file names say
-        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked / deb.name.split("_")[0])], check=True)
-    (unpacked / ".done").write_text("")
-    return unpacked
-
-
-def documents(unpacked: Path):
-    for package, (folder, pattern) in PACKAGES.items():
+def documents(unpacked: Path, packages: dict[str, tuple[str, str]]):
+    for package, (folder, pattern) in packages.items():
         for path in sorted((unpacked / package / folder).rglob(pattern)):
             paragraphs = pod_paragraphs(path) if path.suffix == ".pod" else html_paragraphs(path)
             yield f"{package}/{path.name}", package, paragraphs
@@ -129,19 +134,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("output", type=Path)
     parser.add_argument("--cache", type=Path, default=Path("runs/debian-docs"))
     parser.add_argument("--min-words", type=int, default=300, help="skip shorter documents")
+    parser.add_argument(
+        "--evaluation", action="store_true", help="EVALUATION_PACKAGES' pages (val and test only) instead"
+    )
     args = parser.parse_args(argv)
-    unpacked = fetch(args.cache)
+    packages = EVALUATION_PACKAGES if args.evaluation else PACKAGES
+    unpacked = fetch(list(packages), args.cache)
     seen: set[str] = set()
     counts: dict[str, int] = {}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as out:
-        for doc_id, package, paragraphs in documents(unpacked):
+        for doc_id, package, paragraphs in documents(unpacked, packages):
             text = "\n".join(paragraphs)
             digest = hashlib.sha1(text.encode()).hexdigest()
             if len(text.split()) < args.min_words or digest in seen:
                 continue
             seen.add(digest)
-            row = {"id": doc_id, "source": package, "split": split_of(doc_id), "text": text}
+            row = {"id": doc_id, "source": package, "split": split_of(doc_id, args.evaluation), "text": text}
             out.write(json.dumps(row) + "\n")
             counts[package] = counts.get(package, 0) + 1
     summary = ", ".join(f"{package} {n}" for package, n in counts.items())

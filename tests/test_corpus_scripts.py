@@ -1,15 +1,25 @@
 """The corpus scripts' text handling: Debian documentation pages to prose paragraphs, long documents cut into
-training segments (scripts/debian_docs.py, scripts/student_corpus.py)."""
+training segments, Debian packages fetched and their man pages read (scripts/debian_docs.py,
+scripts/student_corpus.py, scripts/debian_packages.py, scripts/man_corpus.py)."""
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
+import json
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
+    if (
+        str(ROOT / "scripts") not in sys.path
+    ):  # as `python scripts/NAME.py` has it: the scripts import each other
+        sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -50,3 +60,45 @@ def test_segments_cut_at_paragraphs_within_the_word_budget_and_spread_the_kept_o
     kept = segments(text, max_words=100, keep=2)
     assert kept == [pieces[0], pieces[2]]
     assert segments("one short paragraph", max_words=100, keep=3) == ["one short paragraph"]
+
+
+def test_evaluation_pages_are_val_or_test_half_and_half_and_reserved_packages_are_never_fetched(tmp_path):
+    split_of = _script("debian_docs").split_of
+    splits = [split_of(f"pkg/page{i}.html", evaluation=True) for i in range(2000)]
+    assert set(splits) == {"val", "test"} and 900 < splits.count("val") < 1100
+    # the same hash: a page val in the training packages' split stays val here
+    assert all(split_of(f"p{i}", evaluation=True) == "val" for i in range(300) if split_of(f"p{i}") == "val")
+    fetch = _script("debian_packages").fetch
+    for reserved in ("linux-doc-6.1", "python3.11-doc", "python3-doc"):
+        with pytest.raises(SystemExit, match="reserved for independent evaluation"):
+            fetch(["debian-policy", reserved], tmp_path)
+    assert not (tmp_path / "unpacked").exists()  # refused before anything was downloaded
+
+
+def test_man_pages_of_packages_leave_out_the_pages_this_machine_has_and_name_their_package(
+    tmp_path, monkeypatch
+):
+    man_corpus = _script("man_corpus")
+    page = ".TH {name} 1\n.SH NAME\n{name} \\- a tool\n.SH DESCRIPTION\n{body}\n"
+    body = "This paragraph has more than six words in it, so it is kept as prose."
+    machine = tmp_path / "machine"
+    (machine / "man1").mkdir(parents=True)
+    (machine / "man1" / "shared.1.gz").write_bytes(
+        gzip.compress(page.format(name="shared", body=body).encode())
+    )
+    unpacked = tmp_path / "cache" / "unpacked"
+    for package, name in (("pkg-a", "shared"), ("pkg-a", "fresh"), ("pkg-b", "other")):
+        folder = unpacked / package / "usr" / "share" / "man" / "man1"
+        folder.mkdir(parents=True, exist_ok=True)
+        source = page.format(name=name, body=f"{body} It is {name}'s page.")
+        (folder / f"{name}.1.gz").write_bytes(gzip.compress(source.encode()))
+    monkeypatch.setattr(man_corpus, "MAN_ROOT", machine)
+    monkeypatch.setattr(man_corpus, "MAN_PACKAGES", ["pkg-a", "pkg-b"])
+    monkeypatch.setattr(man_corpus, "fetch", lambda packages, cache: cache / "unpacked")
+    out = tmp_path / "pages.jsonl"
+    man_corpus.main([str(out), "--packages", str(tmp_path / "cache"), "--sections", "1"])
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["source"]) for r in rows] == [("man1/fresh.1", "pkg-a"), ("man1/other.1", "pkg-b")]
+    assert "It is fresh's page." in rows[0]["text"]
+    root = unpacked / "pkg-b" / "usr" / "share" / "man"
+    assert man_corpus.man_description("man1/other.1", root) == "a tool"

@@ -98,3 +98,69 @@ def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val(bench):
         assert row.get("long_query_weight_chosen_on_val") == long_weight, (lexical, model)
     passage_models = {m for m in bench.SHIPPED if "whole for long queries" in bench.SHIPPED[m]}
     assert {m for _, m in VALIDATED_LONG_QUERY_WEIGHTS} == passage_models
+
+
+def test_more_pages_join_each_task_split_after_its_own_and_are_encoded_as_a_block_of_their_own(
+    bench, monkeypatch
+):
+    from docembed.types import MultiVectors
+
+    tasks = {"man-part": {"val": (["q0", "q1"], ["d0", "d1"])}, "ng-thread": {"val": (["n0"], ["m0"])}}
+    more = {"man-part": {"val": (["q2"], ["d2"])}}
+    assert bench.joined(tasks, more) == {
+        "man-part": {"val": (["q0", "q1", "q2"], ["d0", "d1", "d2"])},
+        "ng-thread": {"val": (["n0"], ["m0"])},
+    }
+    calls = []
+
+    def fake_encoded(label, task, split, texts, timings):  # one vector per text, its number as the value
+        calls.append((task, texts["queries"]))
+        sets = {side: [np.full((2, 3), int(t[1:]), np.float32) for t in texts[side]] for side in texts}
+        return {side: MultiVectors.from_list(vectors) for side, vectors in sets.items()}
+
+    monkeypatch.setattr(bench, "encoded", fake_encoded)
+    vectors = bench.encoded_task("retriever", "man-part", "val", tasks, more, {})
+    assert calls == [("man-part", ["q0", "q1"]), ("man-part-more", ["q2"])]  # the tasks' own cache key first
+    assert [vectors["candidates"][i][0, 0] for i in range(3)] == [0, 1, 2]
+    bench.encoded_task("retriever", "ng-thread", "val", tasks, more, {})
+    assert calls[-1] == ("ng-thread", ["n0"])  # a task without more pages: one block
+
+
+def test_the_results_page_shows_the_more_pages_run_under_its_own_title_with_the_pages_it_added():
+    run = _bench_module("run")
+    data = {"val": {"queries": 106, "candidates": 106}, "test": {"queries": 101, "candidates": 101}}
+    result = {
+        "data": {"man-part": data},
+        "more_pages": {"man-part": {"val": 40, "test": 48}},
+        "models": {"tfidf": {"test": {"man-part": {"mrr": 90.0}}, "mean": {"val": 91.0, "test": 90.0}}},
+    }
+    page = "\n".join(run.render_long_retrieval(result, run.LONG_RETRIEVAL_TITLES["long_retrieval_more"]))
+    assert page.startswith("## Long-document retrieval on more pages (`--more-pages`)")
+    assert "added by `--more-pages` (val / test): man-part 40 / 48" in page
+    del result["more_pages"]
+    assert "--more-pages" not in "\n".join(run.render_long_retrieval(result))
+
+
+def test_the_shipped_weights_row_weights_long_queries_by_their_own_weight(bench):
+    """A run on other tasks also scores each fusion as shipped: `tfidf+retriever` at 0.55, and at 0.9 for a
+    long query, where the model part then outweighs the lexical one."""
+    from docembed.models.fusion import VALIDATED_LONG_QUERY_WEIGHTS, VALIDATED_WEIGHTS
+
+    reading = bench.SHIPPED["retriever"]
+    lexical = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])  # the answer (column i for query i) first ...
+    model = np.array([[0.5, 1.0, 0.0], [0.5, 1.0, 0.0]])  # ... and second in the model part
+    lexical[1], model[1] = lexical[1, [1, 0, 2]], model[1, [1, 0, 2]]  # query 1's answer is candidate 1
+    results = {"tfidf": {}, reading: {}}
+    for split in bench.SPLITS:
+        results["tfidf"][split], results[reading][split] = {"t": lexical}, {"t": model}
+    excluded = {"t": {split: np.zeros((2, 3), dtype=bool) for split in bench.SPLITS}}
+    long = {"retriever": {split: {"t": np.array([False, True])} for split in bench.SPLITS}}
+    rows = bench.shipped_fusion_rows(results, excluded, long)
+    row = rows[f"tfidf+{reading} (shipped weights)"]
+    assert (row["weight"], row["long_query_weight"]) == (
+        VALIDATED_WEIGHTS["tfidf", "retriever"],
+        VALIDATED_LONG_QUERY_WEIGHTS["tfidf", "retriever"],
+    )
+    short_query, long_query = row["rr"]["test"]["t"]
+    assert short_query == 1.0 and long_query < 1.0  # the same scores, ranked apart by the query's kind
+    assert set(rows) == {f"tfidf+{reading} (shipped weights)"}  # only the pairs both of whose parts ran
