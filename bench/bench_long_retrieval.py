@@ -171,19 +171,19 @@ def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]
 def more_page_tasks() -> dict[str, dict[str, tuple[list[str], list[str]]]]:
     """The same page tasks on the pages `--more-pages` adds (fetched from the Debian archive once, into
     runs/): their own block of queries and candidates, with a seed of their own."""
-    man_file, docs_file = (
-        ROOT / "runs" / "man-packages" / "man-pages.jsonl",
-        ROOT / "runs" / "debian-docs-eval",
-    )
+    man_file = ROOT / "runs" / "man-packages" / "man-pages.jsonl"
+    docs_file = ROOT / "runs" / "debian-docs-eval" / "docs.jsonl"
     if not man_file.exists():
         man_corpus.main([str(man_file), "--packages", str(man_file.parent), "--min-bytes", "12000"])
-    if not (docs_file / "docs.jsonl").exists():
-        debian_docs.main([str(docs_file / "docs.jsonl"), "--cache", str(docs_file), "--evaluation"])
-    man = [json.loads(line) for line in man_file.read_text(encoding="utf-8").splitlines()]
-    man = [p for p in man if 2000 <= len(p["text"].split()) <= 10000]  # as bench_long's pages
-    docs = [json.loads(line) for line in (docs_file / "docs.jsonl").read_text(encoding="utf-8").splitlines()]
-    docs = [p for p in docs if bench_student_kinds.DOC_WORDS[0] <= len(p["text"].split())]
-    docs = [p for p in docs if len(p["text"].split()) <= bench_student_kinds.DOC_WORDS[1]]
+    if not docs_file.exists():
+        debian_docs.main([str(docs_file), "--cache", str(docs_file.parent), "--evaluation"])
+
+    def pages(path: pathlib.Path, low: int, high: int) -> list[dict]:
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        return [row for row in rows if low <= len(row["text"].split()) <= high]
+
+    man = pages(man_file, 2000, 10000)  # as bench_long's pages
+    docs = pages(docs_file, *bench_student_kinds.DOC_WORDS)
     roots = {p: man_file.parent / "unpacked" / p / "usr" / "share" / "man" for p in man_corpus.MAN_PACKAGES}
     return page_tasks(sorted(man, key=lambda p: p["id"]), docs, seed=1112, man_roots=roots)
 
@@ -421,6 +421,9 @@ def fused_ranks(
     return out
 
 
+SHIPPED_WEIGHTS = " (shipped weights)"  # the label of a fusion scored at the product's weights
+
+
 def shipped_fusion_rows(results: dict, excluded: dict, long: dict) -> dict:
     """Each fusion of a built-in's shipped reading at the weights the product ships (VALIDATED_WEIGHTS, and
     for long queries VALIDATED_LONG_QUERY_WEIGHTS): what a user gets, where this run's val would choose
@@ -434,7 +437,7 @@ def shipped_fusion_rows(results: dict, excluded: dict, long: dict) -> dict:
             continue
         long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
         family = reading.split(" passages")[0]
-        rows[f"{lexical}+{reading} (shipped weights)"] = {
+        rows[f"{lexical}+{reading}{SHIPPED_WEIGHTS}"] = {
             "weight": weight,
             **({"long_query_weight": long_weight} if long_weight is not None else {}),
             "rr": {
@@ -482,9 +485,9 @@ def fusion_rows(results: dict, models: list[str], excluded: dict, long: dict) ->
                 continue
 
             def by_kind(short_weight, long_weight, split, lexical=lexical, model=model, family=family):
-                rows_ = long[family][split]
+                long_rows = long[family][split]
                 return fused_ranks(
-                    results, lexical, model, split, excluded, short_weight, "zscore", rows_, long_weight
+                    results, lexical, model, split, excluded, short_weight, "zscore", long_rows, long_weight
                 )
 
             short_weight = long_weight = rows[f"{lexical}+{model} (zscore)"]["weight"]
@@ -520,10 +523,13 @@ def summarise(rr: dict, tasks: dict, weights: dict, timings: dict) -> dict:
             "val": round(float(np.mean(list(row["val"].values()))), 2),
             "test": round(float(np.mean([c["mrr"] for c in row["test"].values()])), 2),
         }
+        how = (
+            "shipped" if label.endswith(SHIPPED_WEIGHTS) else "chosen_on_val"
+        )  # the product's, or this run's
         if label in weights:
-            row["weight_chosen_on_val"] = weights[label]["weight"]
+            row[f"weight_{how}"] = weights[label]["weight"]
             if "long_query_weight" in weights[label]:
-                row["long_query_weight_chosen_on_val"] = weights[label]["long_query_weight"]
+                row[f"long_query_weight_{how}"] = weights[label]["long_query_weight"]
         table[label] = row
     return {"models": table, "encode_seconds": {k: round(v, 1) for k, v in timings.items()}}
 

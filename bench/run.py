@@ -500,7 +500,8 @@ def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long
             versus = cell.get("vs_lexical")
             text = format_number(cell["mrr"])
             cells.append(text if versus is None else f"{text} ({versus['diff']:+.1f} ± {versus['se']:.1f})")
-        weight, long_weight = row.get("weight_chosen_on_val"), row.get("long_query_weight_chosen_on_val")
+        weight = row.get("weight_chosen_on_val", row.get("weight_shipped"))
+        long_weight = row.get("long_query_weight_chosen_on_val", row.get("long_query_weight_shipped"))
         name = f"`{label}`" + ("" if weight is None else f" w={weight}")
         name += "" if long_weight is None else f", long queries w={long_weight}"
         rows.append([name, *cells, format_number(row["mean"]["val"]), format_number(row["mean"]["test"])])
@@ -539,7 +540,8 @@ def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long
             "Of those queries, pages no model trained on, added by `--more-pages` (val / test): "
             + added
             + " (man pages of Debian packages this machine lacks, and the documentation of nine packages no "
-            "corpus reads).",
+            "corpus reads). Rows `(shipped weights)`: a fusion at the weights the product ships, chosen on "
+            "the tasks without these pages.",
             "",
         ]
     if headroom:

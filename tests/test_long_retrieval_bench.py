@@ -164,3 +164,11 @@ def test_the_shipped_weights_row_weights_long_queries_by_their_own_weight(bench)
     short_query, long_query = row["rr"]["test"]["t"]
     assert short_query == 1.0 and long_query < 1.0  # the same scores, ranked apart by the query's kind
     assert set(rows) == {f"tfidf+{reading} (shipped weights)"}  # only the pairs both of whose parts ran
+    lexical_rr = {rule: {split: {"t": np.ones(2)} for split in bench.SPLITS} for rule in bench.LEXICAL}
+    rr = {**lexical_rr, **{k: v["rr"] for k, v in rows.items()}}
+    weights = {
+        k: {"weight": v["weight"], "long_query_weight": v["long_query_weight"]} for k, v in rows.items()
+    }
+    summary = bench.summarise(rr, {"t": {}}, weights, {})["models"][f"tfidf+{reading} (shipped weights)"]
+    assert (summary["weight_shipped"], summary["long_query_weight_shipped"]) == (0.55, 0.9)
+    assert "weight_chosen_on_val" not in summary  # the product's weights, not this run's choice
