@@ -16,9 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    if (
-        str(ROOT / "scripts") not in sys.path
-    ):  # as `python scripts/NAME.py` has it: the scripts import each other
+    # the scripts import each other, as `python scripts/NAME.py` lets them
+    if str(ROOT / "scripts") not in sys.path:
         sys.path.insert(0, str(ROOT / "scripts"))
     spec = importlib.util.spec_from_file_location(f"{name}_under_test", ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
