@@ -23,7 +23,8 @@ man-part and docs-halves): to the man tasks, 88 long man pages of 64 Debian pack
 to the docs tasks, 286 pages of nine documentation packages no corpus trains on (scripts/debian_docs.py
 --evaluation: Debian policy and guides, exim4, postfix, BIND, libvirt, Node.js, Sphinx), half val and half
 test. They join each split's candidates after its own pages, encoded as a block of their own (the cache of
-the tasks without them serves both runs); the summary goes to bench/results/long_retrieval_more.json.
+the tasks without them serves both runs); the summary goes to runs/long_retrieval/long_retrieval_more.json
+(git-ignored: the committed results keep its headline rows, under the results page's "on more pages").
 Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with docembed's plain analyzer and
 with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
 windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
@@ -65,8 +66,8 @@ import numpy as np
 BENCH_DIR = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 OUT = BENCH_DIR / "results" / "long_retrieval.json"
-OUT_MORE_PAGES = BENCH_DIR / "results" / "long_retrieval_more.json"
 WORK = ROOT / "runs" / "long_retrieval"
+OUT_MORE_PAGES = WORK / "long_retrieval_more.json"  # every row; the dated results keep the headline ones
 sys.path[:0] = [str(BENCH_DIR), str(ROOT / "scripts")]
 
 import debian_docs  # noqa: E402  (documentation no corpus trains on: --more-pages)

@@ -104,20 +104,6 @@ def passage_counts(docs: MultiVectors, group_tokens: int = 0) -> np.ndarray:
     return np.bincount(window_groups(docs, group_tokens)[1], minlength=len(docs))
 
 
-def smooth_max_by_owner(scores: np.ndarray, owner: np.ndarray, n: int, temperature: float) -> np.ndarray:
-    """Per owner 0..n-1, the max (temperature 0) or log-mean-exp of its `scores`; -1 for one with none."""
-    best = np.full(n, -np.inf)
-    np.maximum.at(best, owner, scores)
-    if temperature > 0:
-        sums = np.zeros(n)
-        np.add.at(sums, owner, np.exp((scores - best[owner]) / temperature))
-        counts = np.bincount(owner, minlength=n)
-        present = counts > 0
-        best[present] += temperature * np.log(sums[present] / counts[present])
-    best[~np.isfinite(best)] = -1.0
-    return best
-
-
 def maxsim_one_to_many(
     query: np.ndarray,
     docs: MultiVectors,
@@ -140,20 +126,28 @@ def maxsim_one_to_many(
         if len(docs.vectors) == 0:
             return np.full(len(docs), -1.0, dtype=np.float32)
         per_window, owner = window_scores(query, docs, group_tokens)
-        return smooth_max_by_owner(per_window, owner, len(docs), temperature).astype(np.float32)
-    if reads_whole(query, long_queries) and len(docs.vectors):
-        return whole_cosines(query, docs)
-    sims = l2_normalize(query) @ l2_normalize(docs.vectors).T  # (m, total)
-    counts = docs.counts
-    starts = np.minimum(docs.offsets[:-1], max(sims.shape[1] - 1, 0))
-    if sims.shape[1] == 0:
-        return np.full(len(docs), -1.0, dtype=np.float32)
-    best = np.maximum.reduceat(sims, starts, axis=1)  # (m, n): max over each document's vectors
-    if temperature > 0:
-        best = best + smooth_max_excess(sims, best, counts, temperature)
-    scores = best.mean(axis=0)
+        counts = np.bincount(owner, minlength=len(docs))  # each document's windows, one score each
+        scores = smooth_max(per_window[None, :], counts, temperature)[0]
+    else:
+        if reads_whole(query, long_queries) and len(docs.vectors):
+            return whole_cosines(query, docs)
+        sims = l2_normalize(query) @ l2_normalize(docs.vectors).T  # (m, total)
+        counts = docs.counts
+        if sims.shape[1] == 0:
+            return np.full(len(docs), -1.0, dtype=np.float32)
+        scores = smooth_max(sims, counts, temperature).mean(axis=0)
     scores[counts == 0] = -1.0
     return scores.astype(np.float32)
+
+
+def smooth_max(sims: np.ndarray, counts: np.ndarray, temperature: float) -> np.ndarray:
+    """Per query row, each document's max over its columns of `sims` (m, total; `counts` columns each, in
+    order), or at `temperature` > 0 their log-mean-exp: (m, n). A document with no columns: undefined."""
+    starts = np.minimum(np.concatenate([[0], np.cumsum(counts)[:-1]]), max(sims.shape[1] - 1, 0))
+    best = np.maximum.reduceat(sims, starts, axis=1)
+    if temperature > 0:
+        best = best + smooth_max_excess(sims, best, counts, temperature)
+    return best
 
 
 def best_passages(
