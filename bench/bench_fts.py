@@ -2,8 +2,9 @@
 "full-text search with stemming is measured against today's BM25 on the long-document benches").
 
 Tasks: bench_long_retrieval's six (man-part, man-halves, man-summary, docs-part, docs-halves, ng-thread), val
-and test, built by its own code: every document of a split is a candidate, query i's one right answer is
-document i, MRR x100 with ties counted against the gold. Rows:
+and test, built by its own code with the pages it adds: every document of a split is a candidate, query i's
+one right answer is document i, MRR x100 with ties counted against the gold, a query's duplicate answers
+left out of its ranking (bench_long_retrieval.duplicate_answers). Rows:
 - bm25, bm25-english: docembed's BM25 (plain analyzer; English stems and stopwords), fitted on each split's
   candidates, exactly as bench_long_retrieval scores it (its MRRs are checked against long_retrieval.json);
 - lance-fts: the candidates written as a Lance table by docembed's LanceIndex.build (texts=..., so with its
@@ -247,7 +248,8 @@ def main(
     out: pathlib.Path = OUT,
     quick: bool = False,
 ) -> dict:
-    tasks = bench_long_retrieval.build_tasks(ng_docs)
+    more = {} if quick else bench_long_retrieval.more_page_tasks()  # the pages that bench adds by default
+    tasks = bench_long_retrieval.joined(bench_long_retrieval.build_tasks(ng_docs), more)
     if quick:  # checks the pipeline in a minute; its numbers mean nothing and stay beside the quick results
         tasks = {
             task: {split: (q[:QUICK_DOCS], c[:QUICK_DOCS]) for split, (q, c) in by_split.items()}
@@ -262,8 +264,9 @@ def main(
         for split, (queries, candidates) in by_split.items():
             bm25, bm25_seconds = bm25_rows(queries, candidates)
             lance, timing = lance_rows(queries, candidates)
+            excluded = bench_long_retrieval.duplicate_answers(queries, candidates)  # as that bench counts
             for label, scores in {**bm25, **lance}.items():
-                ranks = bench_long_retrieval.reciprocal_ranks(scores)
+                ranks = bench_long_retrieval.reciprocal_ranks(scores, excluded)
                 rr.setdefault(label, {}).setdefault(split, {})[task] = ranks
             timings.setdefault(task, {})[split] = {**timing, **bm25_seconds}
             print(f"[fts] {task}/{split} done", file=sys.stderr, flush=True)

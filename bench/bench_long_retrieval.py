@@ -4,9 +4,12 @@ lexical rule, whole-document and passage-scoring model, and their fusions, on va
 Tasks (every document of a split is a candidate; query i's one right answer is document i; MRR x100 with
 ties counted against the gold; paired differences on the same queries). A *duplicate answer*, another
 candidate that holds at least half of the query's word 8-grams (the query's text is in it: gcloud's alpha,
-beta and GA pages share most of their text, a news post quotes another), is left out of that query's ranking:
-its text is what the query asks for, so ranking it first is no error (until 2026-11-27, 27 of man-part's 53
-test queries and 29 of ng-thread's 150 counted it as one):
+beta and GA pages share most of their text, a news post quotes another), or whose own query does (the two
+documents share the text the query was drawn from: those gcloud pages have one first half, which asks for any
+of their second halves), is left out of that query's ranking: its text is what the query asks for, so ranking
+it first is no error (until 2026-11-27, 27 of man-part's 53 test queries and 29 of ng-thread's 150 counted
+it as one; the documents whose own query holds the query's text joined the rule later that day: 19 more
+of man-halves' 101 test queries):
 - man-part / man-halves: bench_long's tasks on this machine's long man pages (2,000-10,000 words): a passage
   of 60-200 words from the middle -> its page with the passage taken out; first half -> second half;
 - man-summary: a page's one-line description from its NAME section (`lexgrog`, the command's name left
@@ -16,15 +19,16 @@ test queries and 29 of ng-thread's 150 counted it as one):
 - ng-thread: 20 Newsgroups test posts of one newsgroup joined twelve at a time into documents of a few
   thousand words; the query is the first 30 words of one of the later posts, taken out of its document
   (short queries among documents of the same topics: hard to saturate).
-`--more-pages` adds pages no model trained on, so that the test splits can show a difference of a few points
-(at 53-72 test queries, a ranker that always puts the answer first is only 2.2-2.5 paired SEs above tf-idf on
-man-part and docs-halves): to the man tasks, 88 long man pages of 64 Debian packages this machine lacks
-(scripts/man_corpus.py --packages: mail, DNS, VPN, storage, containers, typesetting, Debian packaging);
-to the docs tasks, 286 pages of nine documentation packages no corpus trains on (scripts/debian_docs.py
---evaluation: Debian policy and guides, exim4, postfix, BIND, libvirt, Node.js, Sphinx), half val and half
-test. They join each split's candidates after its own pages, encoded as a block of their own (the cache of
-the tasks without them serves both runs); the summary goes to runs/long_retrieval/long_retrieval_more.json
-(git-ignored: the committed results keep its headline rows, under the results page's "on more pages").
+The man and docs tasks also hold pages no model trained on, so that the test splits can show a difference
+of a few points (without them, at 53-72 test queries, a ranker that always puts the answer first is only
+2.2-2.5 paired SEs above tf-idf on man-part and docs-halves): on the man tasks, 88 long man pages of 64
+Debian packages this machine lacks (scripts/man_corpus.py --packages: mail, DNS, VPN, storage, containers,
+typesetting, Debian packaging); on the docs tasks, 286 pages of nine documentation packages no corpus trains
+on (scripts/debian_docs.py --evaluation: Debian policy and guides, exim4, postfix, BIND, libvirt, Node.js,
+Sphinx), half val and half test. Both are fetched from the Debian archive once, into runs/. They join each
+split's candidates after its own pages, encoded as a block of their own, so the cache serves the runs with
+and without them (`--standard-pages`: the tasks as they were until 2026-11-27, nothing to download, the
+summary in runs/long_retrieval/long_retrieval_standard.json).
 Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with docembed's plain analyzer and
 with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
 windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
@@ -38,13 +42,14 @@ whole-document readings, with each family's passage configurations best on val, 
 with each built-in's shipped reading (`SHIPPED`): z-score convex and RRF, the weight chosen once on all val
 tasks together (the mean of the tasks' MRRs, so one default holds across kinds of text) and applied
 unchanged to test; a passage configuration also z-score "by query kind", with one weight for long queries
-and one for the rest (the fusion's `long_query_weight`).
+and one for the rest (the fusion's `long_query_weight`); each fusion of a built-in at the weights the
+product ships (`docembed.models.fusion.VALIDATED_WEIGHTS`), where this run's val chose others.
 Embeddings are cached under runs/long_retrieval/ by model and task text (a rerun scores new
 configurations without encoding again); the summary goes to bench/results/long_retrieval.json.
 
     .venv/bin/python bench/bench_long_retrieval.py [--encoders sbert-windows,student] [--ng-docs 150]
     .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --encode-only val   # fill the cache
-    .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --more-pages
+    .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --standard-pages
     .venv/bin/python bench/run.py --only long_retrieval
 """
 
@@ -67,10 +72,10 @@ BENCH_DIR = pathlib.Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 OUT = BENCH_DIR / "results" / "long_retrieval.json"
 WORK = ROOT / "runs" / "long_retrieval"
-OUT_MORE_PAGES = WORK / "long_retrieval_more.json"  # every row; the dated results keep the headline ones
+OUT_STANDARD = WORK / "long_retrieval_standard.json"  # --standard-pages: a run without the added pages
 sys.path[:0] = [str(BENCH_DIR), str(ROOT / "scripts")]
 
-import debian_docs  # noqa: E402  (documentation no corpus trains on: --more-pages)
+import debian_docs  # noqa: E402  (documentation no corpus trains on: the added pages)
 import man_corpus  # noqa: E402  (a man page's NAME line: the summary task's queries)
 
 import bench_long  # noqa: E402  (man pages and their part / halves tasks)
@@ -170,7 +175,7 @@ def build_tasks(ng_docs: int) -> dict[str, dict[str, tuple[list[str], list[str]]
 
 
 def more_page_tasks() -> dict[str, dict[str, tuple[list[str], list[str]]]]:
-    """The same page tasks on the pages `--more-pages` adds (fetched from the Debian archive once, into
+    """The same page tasks on the added pages, none trained on (fetched from the Debian archive once, into
     runs/): their own block of queries and candidates, with a seed of their own."""
     man_file = ROOT / "runs" / "man-packages" / "man-pages.jsonl"
     docs_file = ROOT / "runs" / "debian-docs-eval" / "docs.jsonl"
@@ -205,20 +210,25 @@ def word_ngrams(words: list[str], n: int) -> set[tuple[str, ...]]:
 
 
 def duplicate_answers(queries: list[str], candidates: list[str]) -> np.ndarray:
-    """[i, j]: candidate j (not i, the answer) holds at least DUPLICATE_SHARE of query i's word n-grams."""
-    words = [re.findall(r"\w+", text.lower()) for text in candidates]
-    candidate_ngrams: dict[int, list[set]] = {}  # n -> each candidate's n-grams
+    """[i, j]: candidate j (not i, the answer) is as good an answer to query i as i: it holds at least
+    DUPLICATE_SHARE of query i's word n-grams, or query j does (the two documents share the text the query
+    was drawn from: gcloud's alpha, beta and GA pages have one first half, so the first half of one asks for
+    any of their second halves)."""
+    tokens = [[re.findall(r"\w+", text.lower()) for text in side] for side in (queries, candidates)]
+    ngrams_of: dict[int, list[list[set]]] = {}  # n -> [each query's n-grams, each candidate's]
     excluded = np.zeros((len(queries), len(candidates)), dtype=bool)
-    for i, query in enumerate(queries):
-        query_words = re.findall(r"\w+", query.lower())
+    for i, query_words in enumerate(tokens[0]):
         n = min(DUPLICATE_NGRAM, len(query_words))
         if n == 0:
             continue
-        if n not in candidate_ngrams:
-            candidate_ngrams[n] = [word_ngrams(w, n) for w in words]
+        if n not in ngrams_of:
+            ngrams_of[n] = [[word_ngrams(words, n) for words in side] for side in tokens]
         ngrams = word_ngrams(query_words, n)
-        for j, held in enumerate(candidate_ngrams[n]):
-            excluded[i, j] = j != i and len(ngrams & held) >= DUPLICATE_SHARE * len(ngrams)
+        needed = DUPLICATE_SHARE * len(ngrams)
+        query_ngrams, candidate_ngrams = ngrams_of[n]
+        for j, held in enumerate(candidate_ngrams):
+            in_query_j = j < len(query_ngrams) and len(ngrams & query_ngrams[j]) >= needed
+            excluded[i, j] = j != i and (len(ngrams & held) >= needed or in_query_j)
     return excluded
 
 
@@ -298,7 +308,7 @@ def encoded(label: str, task: str, split: str, texts: dict[str, list[str]], timi
 
 def encoded_task(label: str, task: str, split: str, tasks: dict, more: dict, timings: dict) -> dict:
     """`encoded` of a task split: its own block of texts, then `more`'s block of the same task split (cached
-    apart, so that the tasks' cache serves runs with and without `--more-pages`)."""
+    apart, so that the tasks' cache serves runs with and without them)."""
     from docembed.types import concat_vectors
 
     blocks = {task: tasks[task][split]}
@@ -384,7 +394,7 @@ SHIPPED = {
     "sbert-windows": "sbert passages t=0.03, whole for long queries",
     "student": "student",
     "student-passages": "student passages t=0.01, whole for long queries",
-    "retriever": "retriever passages t=0.01, whole for long queries",
+    "retriever": "retriever passages t=0.03, whole for long queries",
     "nugget": "nugget",
     "nugget-passages": "nugget passages t=0.03",
 }
@@ -425,10 +435,10 @@ def fused_ranks(
 SHIPPED_WEIGHTS = " (shipped weights)"  # the label of a fusion scored at the product's weights
 
 
-def shipped_fusion_rows(results: dict, excluded: dict, long: dict) -> dict:
+def shipped_fusion_rows(results: dict, excluded: dict, long: dict, chosen: dict) -> dict:
     """Each fusion of a built-in's shipped reading at the weights the product ships (VALIDATED_WEIGHTS, and
-    for long queries VALIDATED_LONG_QUERY_WEIGHTS): what a user gets, where this run's val would choose
-    other weights (a run on other tasks, `--more-pages`)."""
+    for long queries VALIDATED_LONG_QUERY_WEIGHTS): what a user gets, where this run's val chose other
+    weights (`chosen`: fusion_rows; a pair whose val choice is the product's gets no second row)."""
     from docembed.models.fusion import VALIDATED_LONG_QUERY_WEIGHTS, VALIDATED_WEIGHTS
 
     rows = {}
@@ -437,6 +447,10 @@ def shipped_fusion_rows(results: dict, excluded: dict, long: dict) -> dict:
         if reading not in results or lexical not in results:
             continue
         long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
+        by_kind = " (zscore, by query kind)" if long_weight is not None else " (zscore)"
+        val_choice = chosen.get(f"{lexical}+{reading}{by_kind}", {})
+        if (val_choice.get("weight"), val_choice.get("long_query_weight")) == (weight, long_weight):
+            continue
         family = reading.split(" passages")[0]
         rows[f"{lexical}+{reading}{SHIPPED_WEIGHTS}"] = {
             "weight": weight,
@@ -545,19 +559,15 @@ def main(
     ng_docs: int = 150,
     out: pathlib.Path | None = None,
     quick: bool = False,
-    more_pages: bool = False,
+    more_pages: bool = True,
 ) -> dict:
     tasks = build_tasks(ng_docs)
-    more = more_page_tasks() if more_pages else {}
-    out = out or (OUT_MORE_PAGES if more_pages else OUT)
+    more = more_page_tasks() if more_pages and not quick else {}  # quick: no download
+    out = out or (OUT if more_pages else OUT_STANDARD)
     if quick:  # checks the pipeline in minutes; its numbers mean nothing and stay beside the quick results
         tasks = {
             task: {split: (q[:QUICK_DOCS], c[:QUICK_DOCS]) for split, (q, c) in by_split.items()}
             for task, by_split in tasks.items()
-        }
-        more = {
-            task: {split: (q[:QUICK_DOCS], c[:QUICK_DOCS]) for split, (q, c) in by.items()}
-            for task, by in more.items()
         }
         encoders = encoders or ["static", "sbert-windows"]
         out = pathlib.Path(out_dir or WORK) / "long_retrieval.json"
@@ -601,8 +611,7 @@ def main(
     }
     weights = {}
     fusions = fusion_rows(scores, fused_models(rr), excluded, long)
-    if more:  # other tasks than the weights were chosen on: the product's weights too
-        fusions |= shipped_fusion_rows(scores, excluded, long)
+    fusions |= shipped_fusion_rows(scores, excluded, long, fusions)  # where val chose other weights
     for label, row in fusions.items():
         rr[label] = row["rr"]
         weights[label] = {k: row[k] for k in ("weight", "long_query_weight") if k in row}
@@ -633,6 +642,7 @@ def main(
     }
     rows = ",\n".join(f"  {json.dumps(k)}: {json.dumps(v)}" for k, v in summary.pop("models").items())
     head = json.dumps(summary, indent=1)[:-2]  # one line per configuration keeps the file small and diffable
+    pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(out).write_text(f'{head},\n "models": {{\n{rows}\n }}\n}}\n')
     summary["models"] = json.loads(pathlib.Path(out).read_text())["models"]
     return summary
@@ -642,10 +652,15 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--encoders", help=f"comma-separated, of {', '.join(ENCODERS)} (default: all)")
     parser.add_argument("--ng-docs", type=int, default=150, help="joined 20 Newsgroups documents per split")
+    standard = OUT_STANDARD.relative_to(ROOT)
+    out_help = f"default: {OUT.relative_to(ROOT)} ({standard} with --standard-pages)"
+    parser.add_argument("--out", type=pathlib.Path, help=out_help)
     parser.add_argument(
-        "--out", type=pathlib.Path, help=f"default: {OUT.name} ({OUT_MORE_PAGES.name} with --more-pages)"
+        "--standard-pages",
+        action="store_true",
+        help="leave out the pages no model trained on (see above; nothing to download): the tasks until "
+        "2026-11-27",
     )
-    parser.add_argument("--more-pages", action="store_true", help="add pages no model trained on (see above)")
     parser.add_argument(
         "--encode-only",
         choices=SPLITS,
@@ -655,11 +670,11 @@ if __name__ == "__main__":
     args = parser.parse_args()
     chosen = args.encoders.split(",") if args.encoders else None
     if args.encode_only:
-        tasks, more = build_tasks(args.ng_docs), more_page_tasks() if args.more_pages else {}
+        tasks, more = build_tasks(args.ng_docs), {} if args.standard_pages else more_page_tasks()
         for label in chosen or list(ENCODERS):
             for task in tasks:
                 encoded_task(label, task, args.encode_only, tasks, more, {})
         sys.exit(0)
-    result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out, more_pages=args.more_pages)
+    result = main(encoders=chosen, ng_docs=args.ng_docs, out=args.out, more_pages=not args.standard_pages)
     for label, row in result["models"].items():
         print(f"{label:50s} val {row['mean']['val']:6.2f}  test {row['mean']['test']:6.2f}")

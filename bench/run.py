@@ -478,10 +478,7 @@ def render_speed(speed: dict) -> list[str]:
     return lines
 
 
-LONG_RETRIEVAL_TITLES = {
-    "long_retrieval": "Long-document retrieval",
-    "long_retrieval_more": "Long-document retrieval on more pages (`--more-pages`)",
-}
+LONG_RETRIEVAL_TITLES = {"long_retrieval": "Long-document retrieval"}
 
 
 def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long_retrieval"]) -> list[str]:
@@ -528,8 +525,8 @@ def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long
         "lexical rule on test (tf-idf or BM25) with its standard error. `w`: a fusion's weight of the model "
         "part, chosen once on all val tasks together (`by query kind`: one weight for long queries, of six "
         "passages or more, and one for the rest). Queries val / test (in brackets, those with a "
-        "duplicate answer, another candidate holding most of the query's text, left out of their "
-        "ranking): " + sizes + ".",
+        "duplicate answer, another candidate as good an answer, left out of their ranking: it holds most "
+        "of the query's text, or its own query does): " + sizes + ".",
         "",
         *markdown_table(["configuration", *tasks, "mean val", "mean test"], rows),
         "",
@@ -537,11 +534,14 @@ def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long
     if result.get("more_pages"):
         added = "; ".join(f"{t} {by['val']} / {by['test']}" for t, by in result["more_pages"].items())
         lines += [
-            "Of those queries, pages no model trained on, added by `--more-pages` (val / test): "
-            + added
-            + " (man pages of Debian packages this machine lacks, and the documentation of nine packages no "
-            "corpus reads). Rows `(shipped weights)`: a fusion at the weights the product ships, chosen on "
-            "the tasks without these pages.",
+            "Of those queries, from pages no model trained on (man pages of Debian packages this machine "
+            "lacks, and the documentation of nine packages no corpus reads), val / test: " + added + ".",
+            "",
+        ]
+    if any(label.endswith("(shipped weights)") for label in models):
+        lines += [
+            "Rows `(shipped weights)`: a fusion at the weights the product ships, where this run's val "
+            "chose others.",
             "",
         ]
     if headroom:

@@ -11,7 +11,7 @@ text equals an earlier one's is written once. Every document gets a split by a h
 `--evaluation` writes other packages' pages instead (EVALUATION_PACKAGES: Debian policy and developers'
 guides, exim4's and postfix's documentation, BIND's manual, libvirt's, Node.js's API, Sphinx's): text
 no corpus trains on, so each page is `val` or `test`, half and half by the same hash. The long-document
-bench reads them with `--more-pages`, for test splits large enough to show a difference of a few points.
+bench reads them, for test splits large enough to show a difference of a few points.
 
 The Debian packages linux-doc-* and python3*-doc are reserved for independent evaluation: never fetched here.
 Derived data: written under runs/, never shipped.

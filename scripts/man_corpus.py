@@ -10,7 +10,7 @@ Python documentation is reserved for independent evaluation). Derived data: writ
 `--packages CACHE` reads the man pages of MAN_PACKAGES instead, fetched from the Debian archive into CACHE
 (scripts/debian_packages.py): packages with long pages this machine does not have. A page this machine has
 too is left out, so the two sets never share a page; each row names its package ("source"). The
-long-document bench reads them with `--more-pages`; no training corpus does.
+long-document bench reads them; no training corpus does.
 
     python scripts/man_corpus.py runs/zoo/man-pages.jsonl [--sections 1,5,7,8] [--limit N] [--min-bytes B]
     python scripts/man_corpus.py runs/man-packages/man-pages.jsonl --packages runs/man-packages \\

@@ -42,6 +42,16 @@ def test_a_candidate_holding_the_query_text_is_a_duplicate_answer_and_the_answer
     assert not bench.duplicate_answers([query], [answer, half + " and then something else entirely"])[0, 1]
 
 
+def test_a_sibling_whose_query_is_the_same_text_is_a_duplicate_answer(bench):
+    # halves: gcloud's alpha and GA pages share their first half, so either first half asks for either
+    # second half; the candidates (second halves) differ, so only the other query shows it
+    first_half = PAGE
+    queries = [first_half, "alpha: " + first_half, "tar saves many files together into one archive"]
+    candidates = ["flags of the GA command", "flags of the alpha command, which may change", "tar's options"]
+    excluded = bench.duplicate_answers(queries, candidates)
+    assert excluded.tolist() == [[False, True, False], [True, False, False], [False, False, False]]
+
+
 def test_a_duplicate_answer_leaves_the_ranking_instead_of_counting_against_the_answer(bench):
     scores = np.array([[0.5, 0.9, 0.1], [0.2, 0.8, 0.5], [0.3, 0.3, 0.3]])
     excluded = np.array([[False, True, False], [False, False, False], [True, False, False]])
@@ -126,26 +136,31 @@ def test_more_pages_join_each_task_split_after_its_own_and_are_encoded_as_a_bloc
     assert calls[-1] == ("ng-thread", ["n0"])  # a task without more pages: one block
 
 
-def test_the_results_page_shows_the_more_pages_run_under_its_own_title_with_the_pages_it_added():
+def test_the_results_page_says_which_queries_come_from_pages_no_model_trained_on():
     run = _bench_module("run")
     data = {"val": {"queries": 106, "candidates": 106}, "test": {"queries": 101, "candidates": 101}}
+    row = {"test": {"man-part": {"mrr": 90.0}}, "mean": {"val": 91.0, "test": 90.0}}
     result = {
         "data": {"man-part": data},
         "more_pages": {"man-part": {"val": 40, "test": 48}},
-        "models": {"tfidf": {"test": {"man-part": {"mrr": 90.0}}, "mean": {"val": 91.0, "test": 90.0}}},
+        "models": {"tfidf": row, "tfidf+x (shipped weights)": {**row, "weight_shipped": 0.5}},
     }
-    page = "\n".join(run.render_long_retrieval(result, run.LONG_RETRIEVAL_TITLES["long_retrieval_more"]))
-    assert page.startswith("## Long-document retrieval on more pages (`--more-pages`)")
-    assert "added by `--more-pages` (val / test): man-part 40 / 48" in page
-    del result["more_pages"]
-    assert "--more-pages" not in "\n".join(run.render_long_retrieval(result))
+    page = "\n".join(run.render_long_retrieval(result))
+    assert page.startswith("## Long-document retrieval")
+    assert "no model trained on" in page and "val / test: man-part 40 / 48." in page
+    assert "`tfidf+x (shipped weights)` w=0.5" in page and "Rows `(shipped weights)`" in page
+    del result["more_pages"], result["models"]["tfidf+x (shipped weights)"]
+    page = "\n".join(run.render_long_retrieval(result))
+    assert "no model trained on" not in page and "shipped weights" not in page
 
 
-def test_the_shipped_weights_row_weights_long_queries_by_their_own_weight(bench):
-    """A run on other tasks also scores each fusion as shipped: `tfidf+retriever` at 0.55, and at 0.9 for a
-    long query, where the model part then outweighs the lexical one."""
-    from docembed.models.fusion import VALIDATED_LONG_QUERY_WEIGHTS, VALIDATED_WEIGHTS
+def test_the_shipped_weights_row_weights_long_queries_by_their_own_weight(bench, monkeypatch):
+    """Where its val chose other weights, a run also scores each fusion as shipped: `tfidf+retriever` at
+    0.55, say, and at 0.9 for a long query, where the model part then outweighs the lexical one."""
+    from docembed.models import fusion
 
+    monkeypatch.setitem(fusion.VALIDATED_WEIGHTS, ("tfidf", "retriever"), 0.55)
+    monkeypatch.setitem(fusion.VALIDATED_LONG_QUERY_WEIGHTS, ("tfidf", "retriever"), 0.9)
     reading = bench.SHIPPED["retriever"]
     lexical = np.array([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]])  # the answer (column i for query i) first ...
     model = np.array([[0.5, 1.0, 0.0], [0.5, 1.0, 0.0]])  # ... and second in the model part
@@ -155,15 +170,15 @@ def test_the_shipped_weights_row_weights_long_queries_by_their_own_weight(bench)
         results["tfidf"][split], results[reading][split] = {"t": lexical}, {"t": model}
     excluded = {"t": {split: np.zeros((2, 3), dtype=bool) for split in bench.SPLITS}}
     long = {"retriever": {split: {"t": np.array([False, True])} for split in bench.SPLITS}}
-    rows = bench.shipped_fusion_rows(results, excluded, long)
+    rows = bench.shipped_fusion_rows(results, excluded, long, chosen={})
     row = rows[f"tfidf+{reading} (shipped weights)"]
-    assert (row["weight"], row["long_query_weight"]) == (
-        VALIDATED_WEIGHTS["tfidf", "retriever"],
-        VALIDATED_LONG_QUERY_WEIGHTS["tfidf", "retriever"],
-    )
+    assert (row["weight"], row["long_query_weight"]) == (0.55, 0.9)
     short_query, long_query = row["rr"]["test"]["t"]
     assert short_query == 1.0 and long_query < 1.0  # the same scores, ranked apart by the query's kind
     assert set(rows) == {f"tfidf+{reading} (shipped weights)"}  # only the pairs both of whose parts ran
+    shipped = {"weight": row["weight"], "long_query_weight": row["long_query_weight"]}
+    same = {f"tfidf+{reading} (zscore, by query kind)": shipped}  # this run's val chose the product's
+    assert bench.shipped_fusion_rows(results, excluded, long, chosen=same) == {}
     lexical_rr = {rule: {split: {"t": np.ones(2)} for split in bench.SPLITS} for rule in bench.LEXICAL}
     rr = {**lexical_rr, **{k: v["rr"] for k, v in rows.items()}}
     weights = {

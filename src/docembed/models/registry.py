@@ -89,11 +89,11 @@ BUILTIN: dict[str, ZooEntry] = {
         "sbert",
         "sbert-windows with MiniLM's top 3 layers tuned to find the part of a long document a query is about "
         "(`docembed train-retriever` on Debian documentation, man pages, 20 Newsgroups and IMDB train text): "
-        "one vector per 256-token window, a document scored by its passages (passage_temperature 0.01) and a "
+        "one vector per 256-token window, a document scored by its passages (passage_temperature 0.03) and a "
         "long query (6+ windows, a half) as a whole (long_queries whole), chosen on the long-document val "
-        "tasks; `tfidf+retriever` is the recommended long-document search",
+        "tasks; `tfidf+retriever` is the faster of the two recommended long-document searches",
         shipped=True,
-        settings={"long_queries": "whole"},
+        settings={"passage_temperature": 0.03, "long_queries": "whole"},
     ),
     "nugget": ZooEntry(
         "nugget",
@@ -123,7 +123,8 @@ BUILTIN: dict[str, ZooEntry] = {
         "student",
         "the student's late chunks scored as passages, the setting validation chose for finding the part of "
         "a long document without a lexical part (--long late-chunks --passage-temperature 0.01 "
-        "--long-queries whole: one vector per 256 tokens of its 2,048-token passes, a long query read whole)",
+        "--long-queries whole: one vector per 256 tokens of its 2,048-token passes, a long query read "
+        "whole); `tfidf+student-passages` is the recommended long-document search",
         shipped=True,
         weights="student",
         settings={"long_documents": "late-chunks", "passage_temperature": 0.01, "long_queries": "whole"},
