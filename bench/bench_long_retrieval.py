@@ -223,9 +223,9 @@ def duplicate_answers(queries: list[str], candidates: list[str]) -> np.ndarray:
             continue
         if n not in ngrams_of:
             ngrams_of[n] = [[word_ngrams(words, n) for words in side] for side in tokens]
-        ngrams = word_ngrams(query_words, n)
-        needed = DUPLICATE_SHARE * len(ngrams)
         query_ngrams, candidate_ngrams = ngrams_of[n]
+        ngrams = query_ngrams[i]
+        needed = DUPLICATE_SHARE * len(ngrams)
         for j, held in enumerate(candidate_ngrams):
             in_query_j = j < len(query_ngrams) and len(ngrams & query_ngrams[j]) >= needed
             excluded[i, j] = j != i and (len(ngrams & held) >= needed or in_query_j)
@@ -538,9 +538,7 @@ def summarise(rr: dict, tasks: dict, weights: dict, timings: dict) -> dict:
             "val": round(float(np.mean(list(row["val"].values()))), 2),
             "test": round(float(np.mean([c["mrr"] for c in row["test"].values()])), 2),
         }
-        how = (
-            "shipped" if label.endswith(SHIPPED_WEIGHTS) else "chosen_on_val"
-        )  # the product's, or this run's
+        how = "shipped" if label.endswith(SHIPPED_WEIGHTS) else "chosen_on_val"  # the product's, this run's
         if label in weights:
             row[f"weight_{how}"] = weights[label]["weight"]
             if "long_query_weight" in weights[label]:

@@ -478,10 +478,7 @@ def render_speed(speed: dict) -> list[str]:
     return lines
 
 
-LONG_RETRIEVAL_TITLES = {"long_retrieval": "Long-document retrieval"}
-
-
-def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long_retrieval"]) -> list[str]:
+def render_long_retrieval(result: dict) -> list[str]:
     """Long-document retrieval (bench_long_retrieval): test MRR per task for the lexical rules, the models
     read whole, passage scoring and the fusions, with the paired difference from the task's better lexical
     rule; configurations and fusion weights were chosen on val."""
@@ -518,7 +515,7 @@ def render_long_retrieval(result: dict, title: str = LONG_RETRIEVAL_TITLES["long
         if (h := split["test"].get("perfect_ranker_vs_lexical"))
     ]
     lines = [
-        f"## {title}",
+        "## Long-document retrieval",
         "",
         "Find the document a query is about (`bench/bench_long_retrieval.py`): MRR x100 on the test split, "
         "every document of the split a candidate; in brackets the paired difference from the task's better "
@@ -614,8 +611,8 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
             section += render_quality(result)
         elif name == "speed":
             section += render_speed(result)
-        elif name in LONG_RETRIEVAL_TITLES:
-            section += render_long_retrieval(result, LONG_RETRIEVAL_TITLES[name])
+        elif name == "long_retrieval":
+            section += render_long_retrieval(result)
         else:
             family += section + render_generic(name, result)
             continue
