@@ -44,7 +44,11 @@ def one_line_error(err: str) -> str:
 
 
 def leftovers(folder) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if ".tmp" in p.name or p.name.endswith(".lock"))
+    return sorted(
+        p.name
+        for p in folder.iterdir()
+        if p.name.startswith(".") and (".tmp" in p.name or ".commit" in p.name or p.name.endswith(".lock"))
+    )
 
 
 def same_set(a, b) -> bool:

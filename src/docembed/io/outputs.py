@@ -34,12 +34,16 @@ output is built in a staging sibling `.NAME.tmpPID/` and swapped in under the lo
 (the old folder renamed away to `.NAME.oldPID`, the new one renamed in, the old one removed): a kill, a
 SIGTERM or a full disk leaves the previous output as it was. Temporaries, staging folders and locks of dead
 processes are swept on the next write (a staging folder only if it carries docembed's staging marker or is
-a complete output of the kind; an old folder left between the two renames is put back).
+a complete output of the kind; an old folder left between the two renames is put back). A set's renames are
+journalled (`.NAME.commitPID` lists its sidecars): a writer killed after the old main file went and before
+the new one came leaves sidecars without a main file, and the sweep removes them, so the next write is not
+refused for files docembed itself left.
 """
 
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import shutil
@@ -51,7 +55,7 @@ from pathlib import Path
 
 from docembed.errors import DocembedError
 
-_TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<what>tmp|lock|old)(?P<pid>\d+)?$")
+_TEMP_RE = re.compile(r"\.(?P<name>.+)\.(?P<what>tmp|lock|old|commit)(?P<pid>\d+)?$")
 # Put inside a staging folder while it is filled: the sweep removes a dead writer's folder only if it holds
 # this (or is empty, or is a complete output of its kind), never a folder it cannot tell docembed wrote.
 STAGING_MARKER = ".docembed-staging"
@@ -185,6 +189,8 @@ def check_companions(main: Path, companions: Sequence[Path], inputs: Sequence[st
     or other than a regular file, and where `main` does not exist none may exist, --overwrite or not: a set's
     sidecars are renamed into place and removed with its main file, so one without it is the user's. Where
     `main` exists it passed the rule: the old set, sidecars included, is being replaced."""
+    if not Path(main).exists():  # sidecars a killed commit left are docembed's: swept, not refused
+        sweep_stale_temporaries(Path(main).parent, [Path(main).name])
     replacing_a_set = Path(main).exists()
     for path in companions:
         path = Path(path)
@@ -297,10 +303,33 @@ def sweep_stale_temporaries(
         if entry.is_dir() and not entry.is_symlink():
             if _sweep_folder(entry, folder / wanted[match.group("name")], match.group("what"), kind):
                 removed.append(entry)
+        elif match.group("what") == "commit":
+            _finish_dead_commit(entry, folder / wanted[match.group("name")])
+            removed.append(entry)
         elif match.group("what") != "old":
             entry.unlink(missing_ok=True)
             removed.append(entry)
     return removed
+
+
+def commit_journal(main: Path) -> Path:
+    return main.with_name(f".{sibling_stem(main.name)}.commit{os.getpid()}")
+
+
+def _finish_dead_commit(journal: Path, main: Path) -> None:
+    """A writer died while renaming a set into place. Its main file there: the set is whole (only the
+    journal was left). Not there: the sidecars the journal names are the replaced set's or the unfinished
+    new one's, docembed's either way, and belong to no set now: removed."""
+    if not main.exists():
+        try:
+            names = json.loads(journal.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            names = []
+        for name in names:
+            sidecar = main.with_name(name)
+            if sidecar.is_file() and not sidecar.is_symlink():
+                sidecar.unlink(missing_ok=True)
+    journal.unlink(missing_ok=True)
 
 
 def _sweep_folder(entry: Path, target: Path, what: str, kind: DirectoryKind | None) -> bool:
@@ -496,18 +525,24 @@ class OutputSet:
         with output_lock(self.main):
             check_output(self.main, self.overwrite, inputs=self.inputs)
             check_companions(self.main, others, self.inputs)
-            if self.main.exists():
-                self.main.unlink()
+            # written before the old main file goes: a kill from here on leaves sidecars the sweep can name
+            journal = commit_journal(self.main)
+            journal.write_text(json.dumps([path.name for path in others]), encoding="utf-8")
             # sidecars first, the main file last: its presence means the whole set is there
             ordered = sorted(self.files, key=lambda pair: pair[1] == self.main)
-            for tmp, target in ordered:
-                if target == self.main:  # the old set's sidecars this one does not write go with it
-                    for stale in others:
-                        if stale not in written:
-                            stale.unlink(missing_ok=True)
-                if target.suffix in PRIVATE_SUFFIXES:
-                    follow_umask(tmp)
-                os.replace(tmp, target)
+            try:
+                if self.main.exists():
+                    self.main.unlink()
+                for tmp, target in ordered:
+                    if target == self.main:  # the old set's sidecars this one does not write go with it
+                        for stale in others:
+                            if stale not in written:
+                                stale.unlink(missing_ok=True)
+                    if target.suffix in PRIVATE_SUFFIXES:
+                        follow_umask(tmp)
+                    os.replace(tmp, target)
+            finally:  # failed half way (a full disk, a SIGTERM): what it placed goes, as the sweep would do
+                _finish_dead_commit(journal, self.main)
         release_claim(self.main)  # written: another writer may go on
         return [target for _, target in ordered]
 
