@@ -187,3 +187,35 @@ def test_the_shipped_weights_row_weights_long_queries_by_their_own_weight(bench,
     summary = bench.summarise(rr, {"t": {}}, weights, {})["models"][f"tfidf+{reading} (shipped weights)"]
     assert (summary["weight_shipped"], summary["long_query_weight_shipped"]) == (0.55, 0.9)
     assert "weight_chosen_on_val" not in summary  # the product's weights, not this run's choice
+
+
+def test_each_side_is_cached_by_its_own_texts_so_new_queries_keep_the_documents(bench, monkeypatch, tmp_path):
+    encoded_texts = []
+
+    def fake_encode(label, texts, cache):  # one vector per text: its length
+        encoded_texts.append(texts)
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(cache, seconds=np.array(1.0), vectors=np.array([[len(t)] for t in texts], np.float32))
+        return 1.0
+
+    monkeypatch.setattr(bench, "WORK", tmp_path)
+    monkeypatch.setattr(bench, "encode_to_cache", fake_encode)
+    timings = {}
+    first = bench.encoded("static", "man-part", "val", {"queries": ["a b"], "candidates": ["doc"]}, timings)
+    again = bench.encoded("static", "man-part", "val", {"queries": ["a b c"], "candidates": ["doc"]}, timings)
+    assert encoded_texts == [["a b"], ["doc"], ["a b c"]]  # the documents were encoded once
+    assert first["queries"][0, 0] == 3 and again["queries"][0, 0] == 5 and again["candidates"][0, 0] == 3
+    assert timings == {"static": 4.0}  # every side's seconds count, cached or not
+
+
+def test_a_part_query_is_the_first_words_of_the_passage_its_page_lost(bench, monkeypatch):
+    monkeypatch.setattr(bench, "summary_task", lambda pages, roots: ([], []))  # reads this machine's man
+    paragraphs = [f"paragraph {i} " + " ".join(f"w{i}x{k}" for k in range(30)) for i in range(20)]
+    pages = [{"id": f"page{i}", "text": "\n".join(paragraphs), "split": "val"} for i in range(6)]
+    tasks = bench.page_tasks(pages, pages, seed=3)
+    for kind in ("man", "docs"):
+        for queries, candidates in tasks[f"{kind}-part"].values():
+            for query, page in zip(queries, candidates, strict=True):
+                words = query.split()
+                assert len(words) == bench.QUERY_WORDS and words[0] == "paragraph"
+                assert query not in " ".join(page.split())  # taken out of the page, not only shortened

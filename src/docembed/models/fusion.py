@@ -44,22 +44,22 @@ DEFAULT_WEIGHT = 0.5
 # model whose vectors are passages, the weight is the one for the shorter queries, chosen with the weight for
 # long ones (VALIDATED_LONG_QUERY_WEIGHTS; bench rows "(zscore, by query kind)").
 VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
-    ("tfidf", "student-passages"): 0.75,  # the recommended long-document search
+    ("tfidf", "student-passages"): 0.65,  # the recommended long-document search
     ("bm25", "student-passages"): 0.7,
     ("tfidf", "retriever"): 0.7,  # the recommended one at two thirds of the student's encoding time
     ("bm25", "retriever"): 0.65,
     ("tfidf", "sbert-windows"): 0.65,
-    ("bm25", "sbert-windows"): 0.75,
-    ("tfidf", "sbert"): 0.65,  # sbert reads a long document as sbert-chunks does
-    ("tfidf", "sbert-chunks"): 0.65,
+    ("bm25", "sbert-windows"): 0.6,
+    ("tfidf", "sbert"): 0.5,  # sbert reads a long document as sbert-chunks does
+    ("tfidf", "sbert-chunks"): 0.5,
     ("bm25", "sbert"): 0.55,
     ("bm25", "sbert-chunks"): 0.55,
-    ("tfidf", "student"): 0.7,
-    ("bm25", "student"): 0.6,
-    ("tfidf", "nugget"): 0.45,
+    ("tfidf", "student"): 0.55,
+    ("bm25", "student"): 0.5,
+    ("tfidf", "nugget"): 0.55,
     ("bm25", "nugget"): 0.55,
-    ("tfidf", "nugget-passages"): 0.55,
-    ("bm25", "nugget-passages"): 0.6,
+    ("tfidf", "nugget-passages"): 0.6,
+    ("bm25", "nugget-passages"): 0.55,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "student-passages"): 0.95,
