@@ -15,6 +15,7 @@ from cli_helpers import invoke
 from docembed.cli import app
 from docembed.losses.in_batch_contrastive import InBatchContrastiveLoss
 from docembed.training.retrieval_pairs import (
+    DEFAULT_KINDS,
     LEAD_WORDS,
     RetrievalDocument,
     RetrievalExample,
@@ -57,6 +58,9 @@ def test_each_view_is_a_query_about_one_part_and_the_window_it_is_in():
     lead, rest = view(document, "lead", rng, window_words=40)
     words = text.split()
     assert lead.split() == words[:LEAD_WORDS] and rest.split() == words[LEAD_WORDS : LEAD_WORDS + 40]
+    snippet, around = view(document, "snippet", random.Random(1), window_words=40)
+    passage, around_passage = view(document, "part", random.Random(1), window_words=40)  # the same draw
+    assert snippet.split() == passage.split()[:LEAD_WORDS] and around == around_passage
     summary, opening = view(document, "summary", rng, window_words=40)
     assert summary == "a page of numbered words" and opening.split() == text.split()[:40]
     assert view(RetrievalDocument(text), "summary", rng, 40) is None  # no summary, no such view
@@ -74,6 +78,7 @@ def test_examples_are_seeded_of_distinct_kinds_per_document_and_keep_their_group
         kinds = [e.kind for e in first if e.document == index]
         assert len(kinds) == 2 and len(set(kinds)) == 2
     assert all(e.group == documents[e.document].group for e in first)
+    assert {e.kind for e in first} <= set(DEFAULT_KINDS)  # snippet only when asked for: the shipped recipe
     only = make_examples(documents, kinds=("summary",), per_document=3, window_words=20)
     assert len(only) == len(documents) and {e.kind for e in only} == {"summary"}
 

@@ -35,7 +35,8 @@ def train_retriever(
         "part,next,lead,summary",
         "--kinds",
         help="Views to train on: part (a passage -> the text around it), next (a window -> the next one), "
-        "lead (an opening -> what follows), summary (the summary field -> the opening).",
+        "lead (an opening -> what follows), summary (the summary field -> the opening), snippet (a passage's "
+        "first 30 words -> the text around it; not in the default).",
     ),
     batch_size: int = typer.Option(
         DEFAULTS.batch_size, "--batch-size", "-b", min=2, help="Examples per step."

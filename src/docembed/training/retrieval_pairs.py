@@ -2,9 +2,12 @@
 
 A passage-scoring model (`sbert-windows`) scores a document by its best windows, so it is trained on
 (query, window) pairs: a query about one part of a document and the window of the document that part is
-in. Four kinds of view, drawn from unlabelled documents:
+in. Five kinds of view, drawn from unlabelled documents (the first four by default):
 - part: a passage of consecutive lines (60-200 words) -> the window of text around the place it was taken
   from (document_pairs.part_view), the shape of "a passage -> its page";
+- snippet: the first `LEAD_WORDS` words of such a passage -> the same window, the shape of "a few specific
+  words of a manual -> its page" (the long-document bench's passage queries since 2026-11-27, where the
+  models trained on whole passages lose to tf-idf);
 - next: a window -> the window that follows it (document_pairs.halves_view), the shape of "first half ->
   second half": two parts of one document, nothing shared but its subject;
 - lead: a text's first `LEAD_WORDS` words -> the words after them, the shape of "the opening of a post ->
@@ -24,7 +27,8 @@ from dataclasses import dataclass, replace
 
 from docembed.training.document_pairs import halves_view, part_view
 
-KINDS = ("part", "next", "lead", "summary")
+DEFAULT_KINDS = ("part", "next", "lead", "summary")
+KINDS = (*DEFAULT_KINDS, "snippet")
 LEAD_WORDS = 30
 NEGATIVE_DEPTH = 10
 MINING_BLOCK = 1024  # queries scored against every window at once (a block's scores: 4 bytes each)
@@ -108,8 +112,11 @@ def summary_view(document: RetrievalDocument, window_words: int) -> tuple[str, s
 
 def view(document: RetrievalDocument, kind: str, rng: random.Random, window_words: int):
     """One (query, positive) of `kind` from `document`, or None when the document has no such view."""
-    if kind == "part":
-        return part_view(document.text, rng, window_words)
+    if kind in ("part", "snippet"):
+        pair = part_view(document.text, rng, window_words)
+        if pair is None or kind == "part":
+            return pair
+        return " ".join(pair[0].split()[:LEAD_WORDS]), pair[1]
     if kind == "next":
         if len(document.text.split()) < 2 * LEAD_WORDS:
             return None
@@ -123,7 +130,7 @@ def view(document: RetrievalDocument, kind: str, rng: random.Random, window_word
 
 def make_examples(
     documents: Sequence[RetrievalDocument],
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] = DEFAULT_KINDS,
     per_document: int = 2,
     window_words: int = 160,
     seed: int = 0,

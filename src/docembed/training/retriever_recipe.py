@@ -34,7 +34,7 @@ from docembed.runtime import log
 from docembed.training.document_pairs import PASSAGE_LINES
 from docembed.training.loop import Recipe, TrainConfig
 from docembed.training.retrieval_pairs import (
-    KINDS,
+    DEFAULT_KINDS,
     LEAD_WORDS,
     RetrievalDocument,
     RetrievalExample,
@@ -214,7 +214,7 @@ def fit_retriever(
     training: RetrieverTraining,
     loop: TrainConfig,
     validation_documents: Sequence[RetrievalDocument] = (),
-    kinds: Sequence[str] = KINDS,
+    kinds: Sequence[str] = DEFAULT_KINDS,
 ):
     """Fine-tune the sbert model of `config` on examples of `documents` and save it to `output`; with
     `validation_documents`, validate on their examples and keep the best weights. Returns the encoder."""
