@@ -525,12 +525,12 @@ class OutputSet:
         with output_lock(self.main):
             check_output(self.main, self.overwrite, inputs=self.inputs)
             check_companions(self.main, others, self.inputs)
-            # written before the old main file goes: a kill from here on leaves sidecars the sweep can name
-            journal = commit_journal(self.main)
-            journal.write_text(json.dumps([path.name for path in others]), encoding="utf-8")
             # sidecars first, the main file last: its presence means the whole set is there
             ordered = sorted(self.files, key=lambda pair: pair[1] == self.main)
+            journal = commit_journal(self.main)
             try:
+                # before the old main file goes: a kill from here on leaves sidecars the sweep can name
+                journal.write_text(json.dumps([path.name for path in others]), encoding="utf-8")
                 if self.main.exists():
                     self.main.unlink()
                 for tmp, target in ordered:
