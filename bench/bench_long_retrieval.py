@@ -30,7 +30,7 @@ typesetting, Debian packaging); on the docs tasks, 286 pages of nine documentati
 on (scripts/debian_docs.py --evaluation: Debian policy and guides, exim4, postfix, BIND, libvirt, Node.js,
 Sphinx), half val and half test. Both are fetched from the Debian archive once, into runs/. They join each
 split's candidates after its own pages, encoded as a block of their own, so the cache serves the runs with
-and without them (`--standard-pages`: the tasks as they were until 2026-11-27, nothing to download, the
+and without them (`--standard-pages`: the tasks without the added pages, nothing to download, the
 summary in runs/long_retrieval/long_retrieval_standard.json).
 Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with docembed's plain analyzer and
 with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
@@ -588,7 +588,6 @@ def main(
         }
         encoders = encoders or ["static", "sbert-windows"]
         out = pathlib.Path(out_dir or WORK) / "long_retrieval.json"
-        pathlib.Path(out).parent.mkdir(parents=True, exist_ok=True)
     own_tasks, tasks = tasks, joined(tasks, more)
     excluded = {
         task: {split: duplicate_answers(q, c) for split, (q, c) in by_split.items()}
@@ -675,8 +674,7 @@ if __name__ == "__main__":
     parser.add_argument(
         "--standard-pages",
         action="store_true",
-        help="leave out the pages no model trained on (see above; nothing to download): the tasks until "
-        "2026-11-27",
+        help="leave out the pages no model trained on (see above; nothing to download)",
     )
     parser.add_argument(
         "--encode-only",
