@@ -199,3 +199,15 @@ def test_the_passage_a_query_matched_is_the_best_window(capfd, tmp_path, nugget_
     # all of a document's nuggets together (plain nugget) have no passages to name
     refused = invoke(capfd, "rerank", tasks, "-m", nugget_dir, "--passages")
     assert refused.code != 0 and "passages" in refused.err and "Traceback" not in refused.err
+
+
+def test_a_window_index_past_the_texts_last_span_is_its_last_and_no_passage_is_none():
+    """best_passages may count a full last window's [SEP] as one window more than the text has spans."""
+    from docembed.scoring import passage_span
+
+    spans = np.array([[0, 10], [10, 17]])
+    assert passage_span(spans, 0) == [0, 10]
+    assert passage_span(spans, 1) == [10, 17]
+    assert passage_span(spans, 2) == [10, 17]
+    assert passage_span(spans, -1) is None
+    assert all(type(x) is int for x in passage_span(spans, 1))  # JSON-ready, not numpy integers

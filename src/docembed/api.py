@@ -298,7 +298,7 @@ class Model:
         document), "text" and "score" (the cosine of the query, averaged over its vectors, with that
         passage); None for an empty document. For models whose vectors are passages (sbert-windows, the
         student with long_documents="late-chunks"), the part `similarity` scores a document by."""
-        from docembed.scoring import best_passages
+        from docembed.scoring import best_passages, passage_span
 
         documents = list(documents)
         spans = self.encoder.passage_spans(documents)  # refuses a model without passages, before encoding
@@ -308,10 +308,11 @@ class Model:
         passages, cosines = best_passages(vectors[0], docs, group_tokens)
         found = []
         for i, (j, score) in enumerate(zip(passages, cosines, strict=True)):
-            if j < 0:
+            span = passage_span(spans[i], j)
+            if span is None:
                 found.append(None)
                 continue
-            start, end = (int(x) for x in spans[i][min(j, len(spans[i]) - 1)])  # see best_passages
+            start, end = span
             found.append({"start": start, "end": end, "text": documents[i][start:end], "score": float(score)})
         return found
 

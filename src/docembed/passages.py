@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from docembed.errors import DocembedError, UsageError
-from docembed.scoring import best_passages, passage_counts, passage_scoring
+from docembed.scoring import best_passages, passage_counts, passage_scoring, passage_span
 from docembed.types import MultiVectors
 
 PASSAGE_MODELS = "sbert-windows, nugget-passages, or a student saved with long_documents late-chunks"
@@ -95,5 +95,5 @@ def passage_spans(
                 f"id {hit['id']!r}: the model cuts its text into {len(spans[i])} passage(s), the index holds "
                 f"{counts[i]} for it: give the corpus and the model the index was built from"
             )
-        result.append([int(x) for x in spans[i][min(passage, len(spans[i]) - 1)]])
+        result.append(passage_span(spans[i], passage))
     return result

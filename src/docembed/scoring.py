@@ -150,6 +150,14 @@ def smooth_max(sims: np.ndarray, counts: np.ndarray, temperature: float) -> np.n
     return best
 
 
+def passage_span(spans, passage: int) -> list[int] | None:
+    """[start, end] of `best_passages`' passage index among one text's passage `spans` (None for -1); an
+    index one past the text's last window (a full last window's [SEP]: see best_passages) is its last."""
+    if passage < 0:
+        return None
+    return [int(x) for x in spans[min(passage, len(spans) - 1)]]
+
+
 def best_passages(
     query: np.ndarray, docs: MultiVectors, group_tokens: int = 0
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -159,8 +167,8 @@ def best_passages(
     which of its windows: the one of highest mean-MaxSim, as its index among the document's windows, and
     that score. (A window is known by its vectors' token positions, and a window's special tokens share
     their positions with its neighbours' edge tokens: a short last window whose one nugget is its [CLS]
-    joins the window before, a full last window's [SEP] makes one more; callers cap the index at the
-    text's last window.)"""
+    joins the window before, a full last window's [SEP] makes one more: `passage_span` caps the index at
+    the text's last window.)"""
     found = np.full(len(docs), -1, dtype=np.int64)
     cosines = np.full(len(docs), np.nan, dtype=np.float64)
     if len(query) == 0 or len(docs.vectors) == 0:

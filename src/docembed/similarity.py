@@ -14,7 +14,14 @@ from docembed.encoding import capped
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
-from docembed.scoring import best_passages, passage_scoring, rank, score_one_to_many, score_pairs
+from docembed.scoring import (
+    best_passages,
+    passage_scoring,
+    passage_span,
+    rank,
+    score_one_to_many,
+    score_pairs,
+)
 from docembed.types import MultiVectors, Vectors
 
 
@@ -113,8 +120,7 @@ def rerank_rows(
                 group_tokens = passage_scoring(model)[2]
                 best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c), group_tokens)
                 for entry, i in zip(ranking, order, strict=True):
-                    last = len(spans[c[i]]) - 1  # see best_passages
-                    entry["passage"] = spans[c[i]][min(best[i], last)].tolist() if best[i] >= 0 else None
+                    entry["passage"] = passage_span(spans[c[i]], best[i])
             yield {("source" if by_id else "query"): query_key, "ranking": ranking}
 
 
