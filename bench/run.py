@@ -532,12 +532,14 @@ def render_long_retrieval(result: dict) -> list[str]:
         added = "; ".join(f"{t} {by['val']} / {by['test']}" for t, by in result["more_pages"].items())
         lines += [
             "Of those queries, from pages no model trained on (man pages of Debian packages this machine "
-            "lacks, and the documentation of nine packages no corpus reads), val / test: " + added + ".",
+            "lacks, and the documentation of eighteen packages no corpus reads: Debian's guides and server "
+            "software's, then application manuals), val / test: " + added + ".",
             "",
         ]
-    if any(label.endswith("(shipped weights)") for label in models):
+    shipped = _load_module("long_retrieval", discover()["long_retrieval"]).SHIPPED_WEIGHTS.strip()
+    if any(label.endswith(shipped) for label in models):
         lines += [
-            "Rows `(shipped weights)`: a fusion at the weights the product ships, where this run's val "
+            f"Rows `{shipped}`: a fusion at the weights the product ships, where this run's val "
             "chose others.",
             "",
         ]

@@ -8,16 +8,21 @@ joined by newlines (navigation, code and option lists are mostly short lines and
 text equals an earlier one's is written once. Every document gets a split by a hash of its id: `val`
 (a tenth), `test` (a tenth) and `train` (the rest).
 
-`--evaluation` writes other packages' pages instead (EVALUATION_PACKAGES: Debian policy and developers'
-guides, exim4's and postfix's documentation, BIND's manual, libvirt's, Node.js's API, Sphinx's): text
-no corpus trains on, so each page is `val` or `test`, half and half by the same hash. The long-document
-bench reads them, for test splits large enough to show a difference of a few points.
+`--evaluation` writes other packages' pages instead, text no corpus trains on, so each page is `val` or
+`test`, half and half by the same hash: `guides` (the default, EVALUATION_PACKAGES: Debian policy and
+developers' guides, exim4's and postfix's documentation, BIND's manual, libvirt's, Node.js's API, Sphinx's)
+or `manuals` (MANUAL_PACKAGES, added 2026-11-28: the Apache HTTP server's, Bacula's, CMake's, Octave's,
+Varnish's and gnuplot's manuals, the Debian FAQ, Debian's history and the Securing Debian manual, English
+pages only). The long-document bench reads both, for test splits large enough to show a difference of a
+few points.
 
 The Debian packages linux-doc-* and python3*-doc are reserved for independent evaluation: never fetched here.
 Derived data: written under runs/, never shipped.
 
     python scripts/debian_docs.py runs/debian-docs/docs.jsonl [--cache runs/debian-docs] [--min-words 300]
     python scripts/debian_docs.py runs/debian-docs-eval/docs.jsonl --cache runs/debian-docs-eval --evaluation
+    python scripts/debian_docs.py runs/debian-manuals/docs.jsonl --cache runs/debian-manuals \\
+        --evaluation manuals
 """
 
 from __future__ import annotations
@@ -51,6 +56,18 @@ EVALUATION_PACKAGES = {  # read by no training corpus: val and test pages only
     "nodejs-doc": ("usr/share/doc/nodejs/api", "*.html"),
     "sphinx-doc": ("usr/share/doc/sphinx-doc/html", "*.html"),
 }
+MANUAL_PACKAGES = {  # read by no training corpus either: a second evaluation set, of application manuals
+    "apache2-doc": ("usr/share/doc/apache2-doc/manual/en", "*.html"),
+    "bacula-doc": ("usr/share/doc/bacula-doc/html", "*.html"),
+    "cmake-doc": ("usr/share/doc/cmake-data/html", "*.html"),
+    "debian-faq": ("usr/share/doc/debian/FAQ", "*.en.html"),
+    "debian-history": ("usr/share/doc/debian-history/docs", "*.en.html"),
+    "harden-doc": ("usr/share/doc/harden-doc/html/en-US", "*.html"),
+    "octave-doc": ("usr/share/doc/octave/octave.html", "*.html"),
+    "varnish-doc": ("usr/share/doc/varnish/html", "*.html"),
+    "gnuplot-doc": ("usr/share/doc/gnuplot/htmldocs", "*.html"),
+}
+EVALUATION_SETS = {"guides": EVALUATION_PACKAGES, "manuals": MANUAL_PACKAGES}
 MIN_WORDS = 6  # a shorter line is navigation, a heading or an option, not prose
 BLOCKS = {"p", "li", "dd", "dt", "td", "th", "h1", "h2", "h3", "h4", "h5", "h6", "div", "blockquote", "br"}
 SKIPPED = {"pre", "code", "script", "style", "head"}
@@ -124,7 +141,7 @@ def split_of(doc_id: str, evaluation: bool = False) -> str:
 
 def documents(unpacked: Path, packages: dict[str, tuple[str, str]]):
     for package, (folder, pattern) in packages.items():
-        for path in sorted((unpacked / package / folder).rglob(pattern)):
+        for path in sorted(p for p in (unpacked / package / folder).rglob(pattern) if p.is_file()):
             paragraphs = pod_paragraphs(path) if path.suffix == ".pod" else html_paragraphs(path)
             yield f"{package}/{path.name}", package, paragraphs
 
@@ -135,10 +152,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cache", type=Path, default=Path("runs/debian-docs"))
     parser.add_argument("--min-words", type=int, default=300, help="skip shorter documents")
     parser.add_argument(
-        "--evaluation", action="store_true", help="EVALUATION_PACKAGES' pages (val and test only) instead"
+        "--evaluation",
+        nargs="?",
+        const="guides",
+        choices=list(EVALUATION_SETS),
+        help="an evaluation set's pages (val and test only) instead (default set: guides)",
     )
     args = parser.parse_args(argv)
-    packages = EVALUATION_PACKAGES if args.evaluation else PACKAGES
+    packages = EVALUATION_SETS[args.evaluation] if args.evaluation else PACKAGES
     unpacked = fetch(list(packages), args.cache)
     seen: set[str] = set()
     counts: dict[str, int] = {}

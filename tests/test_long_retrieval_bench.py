@@ -110,17 +110,19 @@ def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val(bench):
     assert {m for _, m in VALIDATED_LONG_QUERY_WEIGHTS} == passage_models
 
 
-def test_more_pages_join_each_task_split_after_its_own_and_are_encoded_as_a_block_of_their_own(
-    bench, monkeypatch
-):
+def test_added_pages_join_each_task_split_after_its_own_and_each_block_is_encoded_apart(bench, monkeypatch):
     from docembed.types import MultiVectors
 
     tasks = {"man-part": {"val": (["q0", "q1"], ["d0", "d1"])}, "ng-thread": {"val": (["n0"], ["m0"])}}
-    more = {"man-part": {"val": (["q2"], ["d2"])}}
-    assert bench.joined(tasks, more) == {
-        "man-part": {"val": (["q0", "q1", "q2"], ["d0", "d1", "d2"])},
+    blocks = {
+        "more": {"man-part": {"val": (["q2"], ["d2"])}},
+        "manuals": {"man-part": {"val": (["q3"], ["d3"])}},
+    }
+    assert bench.joined(tasks, blocks) == {
+        "man-part": {"val": (["q0", "q1", "q2", "q3"], ["d0", "d1", "d2", "d3"])},
         "ng-thread": {"val": (["n0"], ["m0"])},
     }
+    assert tasks["man-part"]["val"] == (["q0", "q1"], ["d0", "d1"])  # the tasks' own lists are not extended
     calls = []
 
     def fake_encoded(label, task, split, texts, timings):  # one vector per text, its number as the value
@@ -129,11 +131,12 @@ def test_more_pages_join_each_task_split_after_its_own_and_are_encoded_as_a_bloc
         return {side: MultiVectors.from_list(vectors) for side, vectors in sets.items()}
 
     monkeypatch.setattr(bench, "encoded", fake_encoded)
-    vectors = bench.encoded_task("retriever", "man-part", "val", tasks, more, {})
-    assert calls == [("man-part", ["q0", "q1"]), ("man-part-more", ["q2"])]  # the tasks' own cache key first
-    assert [vectors["candidates"][i][0, 0] for i in range(3)] == [0, 1, 2]
-    bench.encoded_task("retriever", "ng-thread", "val", tasks, more, {})
-    assert calls[-1] == ("ng-thread", ["n0"])  # a task without more pages: one block
+    vectors = bench.encoded_task("retriever", "man-part", "val", tasks, blocks, {})
+    # the tasks' own cache key first, then each block's under a key of its own
+    assert calls == [("man-part", ["q0", "q1"]), ("man-part-more", ["q2"]), ("man-part-manuals", ["q3"])]
+    assert [vectors["candidates"][i][0, 0] for i in range(4)] == [0, 1, 2, 3]
+    bench.encoded_task("retriever", "ng-thread", "val", tasks, blocks, {})
+    assert calls[-1] == ("ng-thread", ["n0"])  # a task without added pages: one block
 
 
 def test_the_results_page_says_which_queries_come_from_pages_no_model_trained_on():
