@@ -101,3 +101,21 @@ def test_man_pages_of_packages_leave_out_the_pages_this_machine_has_and_name_the
     assert "It is fresh's page." in rows[0]["text"]
     root = unpacked / "pkg-b" / "usr" / "share" / "man"
     assert man_corpus.man_description("man1/other.1", root) == "a tool"
+
+
+def test_an_evaluation_set_is_named_and_a_folder_named_like_a_page_is_not_read(tmp_path, monkeypatch):
+    debian_docs = _script("debian_docs")
+    fetched = []
+    monkeypatch.setattr(debian_docs, "fetch", lambda packages, cache: fetched.append(packages) or cache)
+    prose = "<p>" + "This sentence of the manual is prose with more than six words. " * 60 + "</p>"
+    manual = tmp_path / "octave-doc" / "usr" / "share" / "doc" / "octave" / "octave.html"
+    (manual / "liboctave.html").mkdir(parents=True)  # a folder the page pattern matches
+    (manual / "Basics.html").write_text(f"<html><body>{prose}</body></html>")
+    out = tmp_path / "manuals.jsonl"
+    debian_docs.main([str(out), "--cache", str(tmp_path), "--evaluation", "manuals"])
+    assert fetched == [list(debian_docs.MANUAL_PACKAGES)]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["id"], r["source"]) for r in rows] == [("octave-doc/Basics.html", "octave-doc")]
+    assert rows[0]["split"] in ("val", "test")
+    debian_docs.main([str(out), "--cache", str(tmp_path), "--evaluation"])  # a bare flag: the first set
+    assert fetched[-1] == list(debian_docs.EVALUATION_PACKAGES) and out.read_text() == ""
