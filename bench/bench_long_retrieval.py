@@ -266,7 +266,11 @@ def perfect_ranker_headroom(lexical: np.ndarray) -> dict:
     from docembed.evaluation.statistics import paired_difference
 
     versus = paired_difference(np.ones_like(lexical), lexical)
-    return {"diff": versus["diff"], "se": versus["se"], "ses": round(versus["diff"] / versus["se"], 1)}
+    if versus["se"] > 0:
+        ses = round(versus["diff"] / versus["se"], 1)
+    else:  # every query ranked alike (a quick run's few): nothing to show, or a gap no SE measures
+        ses = 0.0 if versus["diff"] == 0 else None
+    return {"diff": versus["diff"], "se": versus["se"], "ses": ses}
 
 
 def lexical_scores(name: str, queries: list[str], candidates: list[str]) -> np.ndarray:

@@ -510,7 +510,8 @@ def render_long_retrieval(result: dict) -> list[str]:
         for task, split in data.items()
     )
     headroom = [
-        f"{task} {h['diff']:+.1f} ± {h['se']:.1f} ({h['ses']} SEs)"
+        f"{task} {h['diff']:+.1f} ± {h['se']:.1f} "
+        + ("(every query ranked alike)" if h["ses"] is None else f"({h['ses']} SEs)")
         for task, split in data.items()
         if (h := split["test"].get("perfect_ranker_vs_lexical"))
     ]

@@ -222,3 +222,10 @@ def test_a_part_query_is_the_first_words_of_the_passage_its_page_lost(bench, mon
                 words = query.split()
                 assert len(words) == bench.QUERY_WORDS and words[0] == "paragraph"
                 assert query not in " ".join(page.split())  # taken out of the page, not only shortened
+
+
+def test_the_headroom_of_a_task_every_query_of_which_ranks_alike_has_no_division_by_zero(bench):
+    """A quick run's few queries may all be answered first by the lexical rule: nothing to show, no crash."""
+    assert bench.perfect_ranker_headroom(np.ones(8))["ses"] == 0.0
+    assert bench.perfect_ranker_headroom(np.full(8, 0.5))["ses"] is None  # a gap with no spread to measure it
+    assert bench.perfect_ranker_headroom(np.array([1.0, 0.5, 1.0, 0.25]))["ses"] > 0
