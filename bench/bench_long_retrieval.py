@@ -51,7 +51,9 @@ unchanged to test; a passage configuration also z-score "by query kind", with on
 and one for the rest (the fusion's `long_query_weight`); each fusion of a built-in at the weights the
 product ships (`docembed.models.fusion.VALIDATED_WEIGHTS`), where this run's val chose others.
 Embeddings are cached under runs/long_retrieval/ by model and the texts of each side (a rerun scores new
-configurations, or new queries, without encoding the documents again); the summary goes to
+configurations, or new queries, without encoding the documents again), and so are each encoding's score
+matrices, by its vectors, texts and scoring code (a rerun that changes only fusions, weights or lexical rules
+takes minutes: NUGGET's MaxSim over all the tasks takes most of an hour); the summary goes to
 bench/results/long_retrieval.json.
 
     .venv/bin/python bench/bench_long_retrieval.py [--encoders sbert-windows,student] [--ng-docs 150]
@@ -423,6 +425,46 @@ def model_configurations(label: str, vectors: dict, texts: dict, tokenizer=None)
     return out
 
 
+@functools.cache
+def scoring_code() -> str:
+    """A digest of the code that turns an encoding into score matrices: a change to it scores again."""
+    import inspect
+
+    import docembed.scoring
+    import docembed.types
+
+    sources = [inspect.getsource(f) for f in (model_configurations, student_default, nugget_window_tokens)]
+    sources += [pathlib.Path(m.__file__).read_text() for m in (docembed.scoring, docembed.types)]
+    return hashlib.sha1("".join(sources).encode()).hexdigest()
+
+
+def configuration_scores(
+    label: str, task: str, split: str, vectors: dict, texts: dict, tokenizer=None
+) -> dict:
+    """`model_configurations`, cached on disk beside the embeddings, keyed by the vectors themselves, the
+    texts, the temperatures and the scoring code: a rerun that only changes fusions, weights or lexical
+    rules scores nothing again (NUGGET's MaxSim over the documentation tasks alone takes minutes)."""
+    key = hashlib.sha1(json.dumps([label, ENCODERS[label], TEMPERATURES, scoring_code(), texts]).encode())
+    for side in ("queries", "candidates"):
+        arrays = vectors[side]
+        parts = (
+            (arrays.vectors, arrays.offsets, arrays.positions) if hasattr(arrays, "offsets") else (arrays,)
+        )
+        for array in parts:
+            key.update(b"-" if array is None else np.ascontiguousarray(array).tobytes())
+    cache = WORK / label / f"{task}-{split}-scores-{key.hexdigest()[:16]}.npz"
+    if cache.exists():
+        with np.load(cache) as stored:
+            return {str(name): stored[f"m{i}"] for i, name in enumerate(stored["names"])}
+    scores = model_configurations(label, vectors, texts, tokenizer)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_name(f".{cache.name}.{os.getpid()}")
+    with open(partial, "wb") as out:  # a killed run leaves no half-written cache under the real name
+        np.savez(out, names=np.array(list(scores)), **{f"m{i}": m for i, m in enumerate(scores.values())})
+    os.replace(partial, cache)
+    return scores
+
+
 # the configuration each built-in reads as (its shipped passage temperature and long-query reading)
 SHIPPED = {
     "sbert": "sbert-chunks",
@@ -634,7 +676,8 @@ def main(
                 if label in PASSAGE_FAMILY:
                     rows = long_query_rows(vectors["queries"])
                     long.setdefault(PASSAGE_FAMILY[label], {}).setdefault(split, {})[task] = rows
-                for name, matrix in model_configurations(label, vectors, texts, tokenizer).items():
+                scores_of = configuration_scores(label, task, split, vectors, texts, tokenizer)
+                for name, matrix in scores_of.items():
                     scores.setdefault(name, {}).setdefault(split, {})[task] = matrix
     rr = {
         name: {

@@ -229,3 +229,27 @@ def test_the_headroom_of_a_task_every_query_of_which_ranks_alike_has_no_division
     assert bench.perfect_ranker_headroom(np.ones(8))["ses"] == 0.0
     assert bench.perfect_ranker_headroom(np.full(8, 0.5))["ses"] is None  # a gap with no spread to measure it
     assert bench.perfect_ranker_headroom(np.array([1.0, 0.5, 1.0, 0.25]))["ses"] > 0
+
+
+def test_configuration_scores_are_cached_by_the_vectors_and_scored_again_when_they_change(
+    bench, monkeypatch, tmp_path
+):
+    monkeypatch.setattr(bench, "WORK", tmp_path)
+    calls = []
+
+    def scored(label, vectors, texts, tokenizer=None):
+        calls.append(label)
+        return {"static": vectors["queries"] @ vectors["candidates"].T, "static, twice": np.eye(2)}
+
+    monkeypatch.setattr(bench, "model_configurations", scored)
+    rng = np.random.default_rng(0)
+    vectors = {"queries": rng.normal(size=(2, 4)), "candidates": rng.normal(size=(3, 4))}
+    texts = {"queries": ["q0", "q1"], "candidates": ["d0", "d1", "d2"]}
+    first = bench.configuration_scores("static", "man-part", "val", vectors, texts)
+    again = bench.configuration_scores("static", "man-part", "val", vectors, texts)
+    assert calls == ["static"] and list(again) == ["static", "static, twice"]
+    assert all(np.array_equal(first[name], again[name]) for name in first)  # exact: ties decide ranks
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file() and p.name.startswith(".")] == []
+    vectors["candidates"] = vectors["candidates"] + 1.0  # the model's weights changed, say
+    bench.configuration_scores("static", "man-part", "val", vectors, texts)
+    assert calls == ["static", "static"]
