@@ -510,6 +510,13 @@ def fused_ranks(
     return out
 
 
+# fusions of two models, no lexical part (built-ins by name): the second part's weight is chosen as a
+# lexical fusion's is
+MODEL_PAIRS = (
+    ("student-passages", "nugget-passages"),
+    ("retriever", "nugget-passages"),
+    ("student-passages", "retriever"),
+)
 SHIPPED_WEIGHTS = " (shipped weights)"  # the label of a fusion scored at the product's weights
 
 
@@ -520,8 +527,8 @@ def shipped_fusion_rows(results: dict, excluded: dict, long: dict, chosen: dict)
     from docembed.models.fusion import VALIDATED_LONG_QUERY_WEIGHTS, VALIDATED_WEIGHTS
 
     rows = {}
-    for (lexical, model), weight in VALIDATED_WEIGHTS.items():
-        reading = SHIPPED.get(model)
+    for (first, model), weight in VALIDATED_WEIGHTS.items():
+        lexical, reading = SHIPPED.get(first, first), SHIPPED.get(model)  # a first model: its reading
         if reading not in results or lexical not in results:
             continue
         long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
@@ -529,7 +536,7 @@ def shipped_fusion_rows(results: dict, excluded: dict, long: dict, chosen: dict)
         val_choice = chosen.get(f"{lexical}+{reading}{by_kind}", {})
         if (val_choice.get("weight"), val_choice.get("long_query_weight")) == (weight, long_weight):
             continue
-        family = reading.split(" passages")[0]
+        family = long_family(lexical, reading, long)
         rows[f"{lexical}+{reading}{SHIPPED_WEIGHTS}"] = {
             "weight": weight,
             **({"long_query_weight": long_weight} if long_weight is not None else {}),
@@ -551,47 +558,60 @@ def shipped_fusion_rows(results: dict, excluded: dict, long: dict, chosen: dict)
     return rows
 
 
+def long_family(first: str, model: str, long: dict) -> str | None:
+    """The passage family whose query vectors say which queries are long, for a fusion of `first` (a
+    lexical rule or a configuration) and `model`: the model part's, else the first part's, else None."""
+    families = [label.split(" passages")[0] for label in (model, first) if " passages" in label]
+    return next((family for family in families if family in long), None)
+
+
 def fusion_rows(results: dict, models: list[str], excluded: dict, long: dict) -> dict:
-    """Each lexical rule fused with each of `models`: z-score convex and RRF, one weight chosen on all val
-    tasks together (the mean of their MRRs) and applied to test; for a passage configuration also z-score
-    with one weight for long queries (`long`: family -> split -> task -> bool per query, LONG_QUERY_PASSAGES
-    passages or more) and one for the rest, each chosen the same way (the other held, twice round)."""
+    """Each lexical rule fused with each of `models`, and the MODEL_PAIRS' two models fused: z-score convex
+    and RRF, one weight chosen on all val tasks together (the mean of their MRRs) and applied to test; with
+    a passage configuration also z-score with one weight for long queries (`long`: family -> split -> task
+    -> bool per query, LONG_QUERY_PASSAGES passages or more) and one for the rest, each chosen the same way
+    (the other held, twice round)."""
     from docembed.models.fusion import WEIGHT_GRID
 
     def val_best(mrr) -> float:
         val = {w: float(np.mean([rr.mean() for rr in mrr(w, "val").values()])) for w in WEIGHT_GRID}
         return max(val, key=lambda w: (val[w], -abs(w - 0.5)))
 
+    pairs = [(lexical, model) for lexical in LEXICAL for model in models]
+    pairs += [
+        (SHIPPED[first], SHIPPED[second])
+        for first, second in MODEL_PAIRS
+        if SHIPPED[first] in results and SHIPPED[second] in results
+    ]
     rows = {}
-    for lexical in LEXICAL:
-        for model in models:
-            for method in ("zscore", "rrf"):
+    for lexical, model in pairs:  # lexical: the first part, a lexical rule or a model
+        for method in ("zscore", "rrf"):
 
-                def mrr(weight, split, lexical=lexical, model=model, method=method):
-                    return fused_ranks(results, lexical, model, split, excluded, weight, method)
+            def mrr(weight, split, lexical=lexical, model=model, method=method):
+                return fused_ranks(results, lexical, model, split, excluded, weight, method)
 
-                weight = val_best(mrr)
-                label = f"{lexical}+{model} ({method})"
-                rows[label] = {"weight": weight, "rr": {s: mrr(weight, s) for s in SPLITS}}
-            family = model.split(" passages")[0] if " passages" in model else None
-            if family not in long:
-                continue
+            weight = val_best(mrr)
+            label = f"{lexical}+{model} ({method})"
+            rows[label] = {"weight": weight, "rr": {s: mrr(weight, s) for s in SPLITS}}
+        family = long_family(lexical, model, long)
+        if family is None:
+            continue
 
-            def by_kind(short_weight, long_weight, split, lexical=lexical, model=model, family=family):
-                long_rows = long[family][split]
-                return fused_ranks(
-                    results, lexical, model, split, excluded, short_weight, "zscore", long_rows, long_weight
-                )
+        def by_kind(short_weight, long_weight, split, lexical=lexical, model=model, family=family):
+            long_rows = long[family][split]
+            return fused_ranks(
+                results, lexical, model, split, excluded, short_weight, "zscore", long_rows, long_weight
+            )
 
-            short_weight = long_weight = rows[f"{lexical}+{model} (zscore)"]["weight"]
-            for _ in range(2):
-                short_weight = val_best(lambda w, split, lw=long_weight: by_kind(w, lw, split))
-                long_weight = val_best(lambda w, split, sw=short_weight: by_kind(sw, w, split))
-            rows[f"{lexical}+{model} (zscore, by query kind)"] = {
-                "weight": short_weight,
-                "long_query_weight": long_weight,
-                "rr": {s: by_kind(short_weight, long_weight, s) for s in SPLITS},
-            }
+        short_weight = long_weight = rows[f"{lexical}+{model} (zscore)"]["weight"]
+        for _ in range(2):
+            short_weight = val_best(lambda w, split, lw=long_weight: by_kind(w, lw, split))
+            long_weight = val_best(lambda w, split, sw=short_weight: by_kind(sw, w, split))
+        rows[f"{lexical}+{model} (zscore, by query kind)"] = {
+            "weight": short_weight,
+            "long_query_weight": long_weight,
+            "rr": {s: by_kind(short_weight, long_weight, s) for s in SPLITS},
+        }
     return rows
 
 

@@ -521,10 +521,12 @@ def render_long_retrieval(result: dict) -> list[str]:
         "Find the document a query is about (`bench/bench_long_retrieval.py`): MRR x100 on the test split, "
         "every document of the split a candidate; in brackets the paired difference from the task's better "
         "lexical rule on test (tf-idf or BM25) with its standard error. `w`: a fusion's weight of the model "
-        "part, chosen once on all val tasks together (`by query kind`: one weight for long queries, of six "
-        "passages or more, and one for the rest). Queries val / test (in brackets, those with a "
-        "duplicate answer, another candidate as good an answer, left out of their ranking: it holds most "
-        "of the query's text, or its own query does): " + sizes + ".",
+        "part (of the second model, in a fusion of two), chosen once on all val tasks together (`by "
+        "query kind`: one weight for long queries, of six passages or more, and one for the rest). "
+        "Queries val / test (in brackets, those with a duplicate answer, another candidate as good an "
+        "answer, left out of their ranking: it holds most of the query's text, or its own query does): "
+        + sizes
+        + ".",
         "",
         *markdown_table(["configuration", *tasks, "mean val", "mean test"], rows),
         "",

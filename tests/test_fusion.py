@@ -149,7 +149,11 @@ def test_halves_task_runs_a_fusion_and_weight_0_is_bm25(fusion):
     assert 0.0 < fused <= 100.0
 
 
-def test_cli_fit_fusion_then_rerank_with_the_folder(capfd, tmp_path, tiny_sbert_dir):
+@pytest.mark.parametrize("first", ["bm25", "a model"])
+def test_cli_fit_fusion_then_rerank_with_the_folder(
+    capfd, tmp_path, tiny_sbert_dir, tiny_sbert_tokens_dir, first
+):
+    parts = ("bm25", tiny_sbert_dir) if first == "bm25" else (tiny_sbert_dir, tiny_sbert_tokens_dir)
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(DOCS)))
     validation = tmp_path / "val.jsonl"
@@ -161,12 +165,14 @@ def test_cli_fit_fusion_then_rerank_with_the_folder(capfd, tmp_path, tiny_sbert_
     )
     out = tmp_path / "fusion"
     result = invoke(
-        capfd, "fit", "fusion", corpus, "--lexical", "bm25", "-m", tiny_sbert_dir,
+        capfd, "fit", "fusion", corpus, "--lexical", parts[0], "-m", parts[1],
         "--validation", validation, "-o", out,
     )  # fmt: skip
     assert result.code == 0, result.err
     assert "chosen on 4 queries" in result.err
     loaded = load_model(str(out))
+    assert loaded.hybrid == (first == "bm25")
+    assert loaded.config.long_query_weight is None  # token vectors do not make a query long
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps({"query": q, "candidates": DOCS}) + "\n" for q in QUERIES))
     result = invoke(capfd, "rerank", tasks, "-m", out)
@@ -227,11 +233,44 @@ def test_a_fitted_tfidf_folder_and_a_multi_vector_model(tmp_path, tiny_tfidf_dir
     )
 
 
-def test_the_first_part_must_be_lexical(tiny_sbert_dir):
-    from docembed.errors import UsageError
+def test_a_fusion_of_two_models_fuses_each_ones_own_scores(tmp_path, tiny_sbert_dir, tiny_sbert_tokens_dir):
+    """`MODEL+MODEL` (`student-passages+nugget-passages`): no lexical part and nothing to fit; the first
+    model's scores (by its own vectors and scoring) take the lexical part's place, and a saved fusion names
+    both models and reloads with the same scores."""
+    from docembed.scoring import passage_scoring, score_matrix
 
-    with pytest.raises(UsageError, match="lexical"):
-        load_model(f"{tiny_sbert_dir}+{tiny_sbert_dir}")
+    fusion = load_model(f"{tiny_sbert_dir}+{tiny_sbert_tokens_dir}")
+    assert isinstance(fusion, FusionScorer) and not fusion.hybrid and not fusion.requires_fit
+    fusion.config.weight = 0.3
+    parts = []
+    for model in (load_model(str(tiny_sbert_dir)), load_model(str(tiny_sbert_tokens_dir))):
+        scores = score_matrix(model.encode(QUERIES), model.encode(DOCS), *passage_scoring(model))
+        parts.append(normalize_rows(scores, "zscore"))
+    assert not np.allclose(parts[0], parts[1])  # two rankings, so the weight matters
+    np.testing.assert_allclose(fusion.score_matrix(QUERIES, DOCS), 0.7 * parts[0] + 0.3 * parts[1], atol=1e-5)
+    assert fusion.fit(DOCS) is fusion and not fusion.requires_fit  # a corpus changes nothing
+
+    validation = [(q, DOCS, a) for q, a in zip(QUERIES, ANSWERS, strict=True)]
+    fit_fusion(fusion, None, validation)
+    fusion.save(tmp_path / "f")
+    config = json.loads((tmp_path / "f" / "config.json").read_text())["config"]
+    assert config["lexical"] == str(tiny_sbert_dir.resolve()) and not (tmp_path / "f" / "lexical").exists()
+    loaded = load_model(str(tmp_path / "f"))
+    assert not loaded.hybrid and loaded.config.to_dict() == fusion.config.to_dict()
+    np.testing.assert_array_equal(loaded.score_matrix(QUERIES, DOCS), fusion.score_matrix(QUERIES, DOCS))
+    np.testing.assert_array_equal(
+        loaded.pair_scores(QUERIES[:2], DOCS[:2]), fusion.pair_scores(QUERIES[:2], DOCS[:2])
+    )
+
+
+def test_a_fusions_parts_are_a_lexical_rule_or_a_model_then_a_model(fusion, tiny_sbert_dir):
+    from docembed.errors import UsageError
+    from docembed.models.fusion import FusionConfig
+
+    with pytest.raises(UsageError, match="first part of a fusion is a lexical model .* or a model with"):
+        FusionScorer(FusionConfig(), fusion, load_model(str(tiny_sbert_dir)))  # a fusion is no first part
+    with pytest.raises(UsageError, match="second part of a fusion is a model with embeddings"):
+        load_model(f"{tiny_sbert_dir}+bm25")
 
 
 def test_long_document_task_fuses_retrieval_and_probes_the_model_part(fusion):
@@ -299,3 +338,9 @@ def test_hybrid_search_refusals(capfd, tmp_path, tiny_sbert_dir):
         capfd, "search", tmp_path / "bm25", "--lexical-index", tmp_path / "dense", "--query", "x"
     )
     assert swapped.code != 0 and "bm25 index" in swapped.err
+    two_models = invoke(
+        capfd,
+        *("search", tmp_path / "dense", "--lexical-index", tmp_path / "bm25", "--query", "cat"),
+        *("-m", f"{tiny_sbert_dir}+{tiny_sbert_dir}"),
+    )
+    assert two_models.code != 0 and "fuses two models" in two_models.err

@@ -103,7 +103,7 @@ def test_the_shipped_fusion_weights_are_the_ones_the_bench_chose_on_val(bench):
     for (lexical, model), weight in VALIDATED_WEIGHTS.items():
         long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
         kind = "zscore" if long_weight is None else "zscore, by query kind"
-        row = models[f"{lexical}+{bench.SHIPPED[model]} ({kind})"]
+        row = models[f"{bench.SHIPPED.get(lexical, lexical)}+{bench.SHIPPED[model]} ({kind})"]
         assert row["weight_chosen_on_val"] == weight, (lexical, model)
         assert row.get("long_query_weight_chosen_on_val") == long_weight, (lexical, model)
     passage_models = {m for m in bench.SHIPPED if "whole for long queries" in bench.SHIPPED[m]}
@@ -253,3 +253,22 @@ def test_configuration_scores_are_cached_by_the_vectors_and_scored_again_when_th
     vectors["candidates"] = vectors["candidates"] + 1.0  # the model's weights changed, say
     bench.configuration_scores("static", "man-part", "val", vectors, texts)
     assert calls == ["static", "static"]
+
+
+def test_two_models_are_fused_too_and_long_queries_follow_the_part_with_passages(bench):
+    """MODEL_PAIRS: the student's passages fused with NUGGET's get rows like a lexical rule's, with a weight
+    for long queries from the student (NUGGET's vectors say nothing of a query's kind)."""
+    first, second = bench.SHIPPED["student-passages"], bench.SHIPPED["nugget-passages"]
+    right_first = np.eye(3)  # query i's answer is candidate i: the first model ranks it first ...
+    second_wrong = np.roll(np.eye(3), 1, axis=1)  # ... and the second puts another first
+    results = {first: {}, second: {}}
+    for split in bench.SPLITS:
+        results[first][split], results[second][split] = {"t": right_first}, {"t": second_wrong}
+    excluded = {"t": {split: np.zeros((3, 3), dtype=bool) for split in bench.SPLITS}}
+    long = {"student": {split: {"t": np.array([False, False, True])} for split in bench.SPLITS}}
+    rows = bench.fusion_rows(results, [], excluded, long)
+    assert set(rows) == {f"{first}+{second} ({kind})" for kind in ("zscore", "rrf", "zscore, by query kind")}
+    row = rows[f"{first}+{second} (zscore)"]
+    assert row["weight"] < 0.5 and row["rr"]["test"]["t"].tolist() == [1.0, 1.0, 1.0]  # the first decides
+    assert bench.long_family(first, second, long) == "student"
+    assert bench.long_family("tfidf", second, long) is None  # no part with passages: one weight

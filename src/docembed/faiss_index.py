@@ -1042,6 +1042,7 @@ def hybrid_fusion(encoder, lexical: BM25Index | None):
         return None
     if encoder.family != "fusion":
         raise UsageError("--lexical-index needs -m LEXICAL+MODEL (e.g. bm25+sbert) or a fitted fusion folder")
+    encoder.require_lexical("hybrid search")
     if encoder.lexical.family != "bm25":
         raise UsageError(
             f"hybrid search fuses a bm25 index: {encoder.name}'s lexical part is {encoder.lexical.family}"

@@ -227,6 +227,7 @@ class EmbeddingService:
         self._lexical = _watch(lexical, BM25Index.load, index_stamp, documents, reload_interval)
         # checked at start, not at the first search: a server that cannot search says so at once
         if isinstance(self._index.value, LanceIndex) and lexical is None and model.family == "fusion":
+            model.encoder.require_lexical("hybrid search")
             self._fusion = model.encoder  # a Lance index's own hybrid search: its vector and full-text hits
         else:
             self._fusion = hybrid_fusion(model.encoder, self._lexical.value) if index is not None else None

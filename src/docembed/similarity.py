@@ -43,6 +43,8 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
     from docembed.runtime import log
 
     if not getattr(model, "requires_fit", False):
+        if getattr(model, "family", None) == "fusion":  # of two models: nothing to fit, the weight to say
+            log(f"{model.name}: {_fusion_weight(model)}")
         return rows
     rows = list(rows)
     if docs is not None:
@@ -58,15 +60,19 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
         what += " (exact tf-idf rows: fewer documents than its LSA size)"
     model.fit(texts)
     if hasattr(model, "lexical"):
-        chosen = model.config.chosen_on
-        how = f"chosen on {chosen}" if chosen else "the default, not chosen on validation data"
-        log(
-            f"{model.name}: {model.lexical.name} fitted on the {what}; fusion weight {model.weights_text()} "
-            f"({model.config.normalization}), {how} (`docembed fit fusion` chooses one on your own queries)"
-        )
+        log(f"{model.name}: {model.lexical.name} fitted on the {what}; {_fusion_weight(model)}")
     else:
         log(f"{model.name} fitted on the {what}")
     return rows
+
+
+def _fusion_weight(fusion) -> str:
+    chosen = fusion.config.chosen_on
+    how = f"chosen on {chosen}" if chosen else "the default, not chosen on validation data"
+    return (
+        f"fusion weight {fusion.weights_text()} ({fusion.config.normalization}), {how} (`docembed fit "
+        "fusion` chooses one on your own queries)"
+    )
 
 
 def _encode(model: Encoder, texts: Sequence[str], batch_size: int) -> Vectors:
@@ -125,15 +131,16 @@ def rerank_rows(
 
 
 def _scorer(model, texts: list[str], batch_size: int):
-    """score(query, candidates) of a scorer over one chunk: a fusion's model part encodes the chunk's
+    """score(query, candidates) of a scorer over one chunk: each model part of a fusion encodes the chunk's
     texts once."""
     if not hasattr(model, "lexical"):
         return model.score
-    vectors = _encode(model.model, texts, batch_size)
+    parts = [model.model] if model.hybrid else [model.lexical, model.model]
+    vectors = {part: _encode(part, texts, batch_size) for part in parts}
     slot = {text: i for i, text in enumerate(texts)}
 
-    def embed(_, some: list[str]):
-        return _gather(vectors, [slot[t] for t in some])
+    def embed(part, some: list[str]):
+        return _gather(vectors[part], [slot[t] for t in some])
 
     return lambda query, candidates: model.score_matrix([query], candidates, embed=embed)[0]
 

@@ -17,7 +17,10 @@ def fit(
         ..., help="Corpus: .jsonl, .txt (one document per line) or .tsv (id<TAB>text)."
     ),
     lexical: str = typer.Option(
-        "bm25", "--lexical", help="fusion: the lexical part, tfidf or bm25 (fitted on the corpus)."
+        "bm25",
+        "--lexical",
+        help="fusion: the first part, tfidf or bm25 (fitted on the corpus), or a model (two models: "
+        "nothing is fitted).",
     ),
     model: str = typer.Option("sbert", "--model", "-m", help="fusion: the model part (any --model value)."),
     validation: str = typer.Option(

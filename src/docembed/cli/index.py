@@ -673,6 +673,7 @@ def search(
         if not loaded:
             encoder = common.load(spec)
             if lance is not None and lexical is None and encoder.family == "fusion":  # its own full text
+                encoder.require_lexical("hybrid search")
                 fusion = encoder
             else:
                 fusion = hybrid_fusion(encoder, lexical)

@@ -329,6 +329,13 @@ class Encoder(ABC):
         return str(getattr(self.config, "long_queries", "passages"))
 
     @property
+    def vectors_are_passages(self) -> bool:
+        """Whether each vector stands for a passage of the text (sbert windows, the student's late chunks),
+        so a text's count of them says how long it is (docembed.scoring.long_query_rows); token vectors
+        (sbert-tokens, NUGGET) do not."""
+        return False
+
+    @property
     def passage_group_tokens(self) -> int:
         """For token vectors scored by passages (NUGGET's `passage_windows`): the text tokens of a window,
         by which docembed.scoring.window_groups groups a document's vectors; 0 for every other model."""

@@ -1,9 +1,14 @@
-"""Fusion of a lexical scorer (tfidf, bm25) and any docembed model: `bm25+sbert`, `tfidf-dir+student`.
+"""Fusion of a lexical scorer (tfidf, bm25) and any docembed model: `bm25+sbert`, `tfidf-dir+student`; or of
+two models with embeddings: `student-passages+nugget-passages`.
 
 A fusion scores query/candidate pairs, it has no embeddings (a scorer, as bm25 is). For one query and its
 candidates, each part's scores are normalised over the candidates (per query) and combined convexly:
 
     fused = (1 - weight) * norm(lexical) + weight * norm(model)
+
+In a fusion of two models the first one takes the lexical part's place (`lexical` in the config and on the
+object: the first part), scored by its own vectors; nothing is fitted, and `search` refuses it (its hybrid
+search fuses a vector index with a full-text one).
 
 `normalization` is "zscore" ((s - mean) / std; all equal -> 0), "minmax" ((s - min) / (max - min); all
 equal -> 0) or "rrf" (reciprocal rank fusion: 1 / (rrf_k + rank), rank 1 = best, ties in input order).
@@ -30,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from docembed.errors import CorruptModelError, UsageError
-from docembed.models.base import Encoder, EncoderConfig, read_config, save_encoder
+from docembed.models.base import Encoder, EncoderConfig, NotSupportedError, read_config, save_encoder
 from docembed.models.families import register
 from docembed.types import Vectors
 
@@ -60,6 +65,11 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("bm25", "nugget"): 0.5,
     ("tfidf", "nugget-passages"): 0.55,
     ("bm25", "nugget-passages"): 0.55,
+    # two models, no lexical part: the best configuration without one on the same val splits (NUGGET's
+    # token matches add what the student's passages miss on documentation passages), one weight for both
+    # kinds of query
+    ("student-passages", "nugget-passages"): 0.3,
+    ("retriever", "nugget-passages"): 0.25,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "student-passages"): 0.95,
@@ -80,7 +90,7 @@ Embed = Callable[[Encoder, list[str]], Vectors]
 
 @dataclass
 class FusionConfig(EncoderConfig):
-    lexical: str = "bm25"  # built-in name or folder (relative: inside the fusion folder)
+    lexical: str = "bm25"  # the first part, built-in name or folder (a fitted one: inside the fusion folder)
     model: str = "sbert"  # any docembed model: built-in name or folder
     weight: float = DEFAULT_WEIGHT  # of the model's normalised score; the lexical part gets 1 - weight
     long_query_weight: float | None = None  # `weight` for a long query (a passage model's); None: `weight`
@@ -129,7 +139,7 @@ def fuse(lexical: np.ndarray, model: np.ndarray, weight, method: str, rrf_k: int
 
 @register
 class FusionScorer(Encoder):
-    """A lexical scorer and a docembed model, fused per query (see the module docstring)."""
+    """A lexical scorer (or a first model) and a docembed model, fused per query (module docstring)."""
 
     family = "fusion"
     config_class = FusionConfig
@@ -138,16 +148,20 @@ class FusionScorer(Encoder):
 
     def __init__(self, config: FusionConfig, lexical: Encoder, model: Encoder, name: str | None = None):
         super().__init__(config, name or f"{lexical.name}+{model.name}")
-        if lexical.family not in LEXICAL_FAMILIES:
+        self.hybrid = lexical.family in LEXICAL_FAMILIES  # False: two models, no lexical part
+        if not self.hybrid and getattr(lexical, "scorer_only", False):
             raise UsageError(
-                f"the first part of a fusion is a lexical model ({' or '.join(LEXICAL_FAMILIES)}), "
-                f"not {lexical.name!r} ({lexical.family})"
+                f"the first part of a fusion is a lexical model ({' or '.join(LEXICAL_FAMILIES)}) or a "
+                f"model with embeddings, not {lexical.name!r} ({lexical.family})"
             )
         if getattr(model, "scorer_only", False):
             raise UsageError(f"the second part of a fusion is a model with embeddings, not {model.name!r}")
-        if config.long_query_weight is not None:
-            model._require_passage_output("a long-query weight")  # a long query is one of many passages
         self.lexical, self.model = lexical, model
+        if config.long_query_weight is not None and self._part_with_passages() is None:
+            raise NotSupportedError(
+                f"a long-query weight needs a part whose vectors are passages (sbert-windows, the student's "
+                f"late chunks): a long query is one of many passages, and {self.name} has none"
+            )
 
     @classmethod
     def from_parts(cls, lexical: str, model: str, device: str = "cpu", **config: Any) -> FusionScorer:
@@ -164,7 +178,7 @@ class FusionScorer(Encoder):
         ):
             config.update(weight=validated, chosen_on=VALIDATED_ON)
             config.setdefault("long_query_weight", VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model)))
-        lexical_part = load_model(lexical, device)
+        lexical_part = load_model(lexical, device)  # or the first model
         if lexical == "tfidf":
             lexical_part.config.svd_dim = 0
         return cls(
@@ -181,28 +195,50 @@ class FusionScorer(Encoder):
         return getattr(self.lexical, "fitted_on", None)
 
     def fit(self, texts: Sequence[str]) -> FusionScorer:
-        """Fit the lexical part's corpus statistics on `texts` (the model part is used as it is)."""
-        self.lexical.fit(list(texts))
+        """Fit the lexical part's corpus statistics on `texts` (a model part is used as it is: a fusion of
+        two models has nothing to fit)."""
+        if self.hybrid:
+            self.lexical.fit(list(texts))
         return self
 
     # --- scoring --------------------------------------------------------------------------------------
     def part_scores(
         self, queries: Sequence[str], candidates: Sequence[str], embed: Embed | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """The raw scores of each part, (len(queries), len(candidates)) each: lexical, model."""
+        """The raw scores of each part, (len(queries), len(candidates)) each: lexical (the first), model."""
         return self._scores(queries, candidates, embed)[:2]
 
     def _scores(self, queries, candidates, embed: Embed | None = None):
         """(lexical, model, whether each query is a long one): part_scores and each query's kind."""
         queries, candidates = list(queries), list(candidates)
         embed = embed or (lambda model, texts: model.encode(texts))
-        from docembed.scoring import long_query_rows, passage_scoring, score_matrix
+        from docembed.scoring import passage_scoring, score_matrix
 
-        query_vectors = embed(self.model, queries)
+        query_vectors = {self.model: embed(self.model, queries)}
         scoring = passage_scoring(self.model)
-        model = score_matrix(query_vectors, embed(self.model, candidates), *scoring)
-        lexical = self.lexical_scores(queries, candidates)
-        return lexical, np.asarray(model, dtype=np.float64), long_query_rows(query_vectors)
+        model = score_matrix(query_vectors[self.model], embed(self.model, candidates), *scoring)
+        if self.hybrid:
+            lexical = self.lexical_scores(queries, candidates)
+        else:
+            first = self.lexical
+            query_vectors[first] = embed(first, queries)
+            lexical = score_matrix(query_vectors[first], embed(first, candidates), *passage_scoring(first))
+        lexical = np.asarray(lexical, dtype=np.float64)
+        return lexical, np.asarray(model, dtype=np.float64), self._long_rows(query_vectors, len(queries))
+
+    def _part_with_passages(self) -> Encoder | None:
+        """The part whose vectors say whether a query is a long one: the model part when its vectors are
+        passages, else a first model's, else None (every query then has the one weight)."""
+        return next(
+            (p for p in (self.model, self.lexical) if getattr(p, "vectors_are_passages", False)), None
+        )
+
+    def _long_rows(self, query_vectors: dict, count: int) -> np.ndarray:
+        """Whether each query is a long one, by the vectors of `_part_with_passages` ({part: vectors})."""
+        from docembed.scoring import long_query_rows
+
+        part = self._part_with_passages()
+        return np.zeros(count, dtype=bool) if part is None else long_query_rows(query_vectors[part])
 
     def weights_text(self) -> str:
         """The model part's weights as the logs say them: "0.55", or "0.55, 0.9 for long queries"."""
@@ -267,14 +303,20 @@ class FusionScorer(Encoder):
                 "V -o DIR`, z-score or min-max); use `docembed rerank` for candidates"
             )
         left, right = list(left), list(right)
-        lexical = self.lexical_scores(left, right, pairs=True)
         embed = embed or (lambda model, texts: model.encode(texts))
-        from docembed.scoring import long_query_rows, passage_scoring, score_pairs
+        from docembed.scoring import passage_scoring, score_pairs
 
-        left_vectors = embed(self.model, left)
-        pairs = score_pairs(left_vectors, embed(self.model, right), *passage_scoring(self.model))
+        left_vectors = {self.model: embed(self.model, left)}
+        if self.hybrid:
+            lexical = self.lexical_scores(left, right, pairs=True)
+        else:
+            first = self.lexical
+            left_vectors[first] = embed(first, left)
+            lexical = score_pairs(left_vectors[first], embed(first, right), *passage_scoring(first))
+            lexical = np.asarray(lexical, dtype=np.float64)
+        pairs = score_pairs(left_vectors[self.model], embed(self.model, right), *passage_scoring(self.model))
         model = np.asarray(pairs, dtype=np.float64)
-        weights = self.query_weights(long_query_rows(left_vectors))
+        weights = self.query_weights(self._long_rows(left_vectors, len(left)))
         parts = []
         for key, values in (("lexical", lexical), ("model", model)):
             stats = c.pair_stats[key]
@@ -283,6 +325,14 @@ class FusionScorer(Encoder):
             else:
                 parts.append((values - stats["min"]) / ((stats["max"] - stats["min"]) or 1.0))
         return ((1.0 - weights) * parts[0] + weights * parts[1]).astype(np.float32)
+
+    def require_lexical(self, what: str) -> None:
+        """Refuse `what` (hybrid search: a vector index fused with a full-text one) for two models."""
+        if not self.hybrid:
+            raise UsageError(
+                f"{what} fuses a lexical index with a vector one; {self.name} fuses two models: search with "
+                f"one of them and rerank its hits with `docembed rerank -m {self.name}`"
+            )
 
     # --- what it is not -------------------------------------------------------------------------------
     def encode(self, texts: Sequence[str], batch_size: int = 32):
@@ -297,19 +347,25 @@ class FusionScorer(Encoder):
 
     def to(self, device: str) -> FusionScorer:
         self.model.to(device)
+        if not self.hybrid:
+            self.lexical.to(device)
         return self
 
     # --- save / load ----------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
-        """config.json naming both parts; a fitted lexical part is saved inside, as `lexical/`."""
+        """config.json naming both parts; a fitted lexical part is saved inside, as `lexical/` (a first model
+        is named as the model part is)."""
         if self.lexical.requires_fit:
             raise UsageError(f"{self.name}: fit the lexical part before saving the fusion")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.lexical.save(directory / LEXICAL_FOLDER)
         from docembed.models.registry import BUILTIN
 
-        self.config.lexical = LEXICAL_FOLDER
+        if self.hybrid:
+            self.lexical.save(directory / LEXICAL_FOLDER)
+            self.config.lexical = LEXICAL_FOLDER
+        elif self.config.lexical not in BUILTIN:
+            self.config.lexical = self.lexical.source or self.config.lexical
         if self.config.model not in BUILTIN:  # a folder: by its full path
             self.config.model = self.model.source or self.config.model
         self.write_config(directory)
@@ -331,9 +387,12 @@ class FusionScorer(Encoder):
                 return load_model(str(path), device)
             return load_model(spec, device)
 
-        # the model part may be a folder anywhere, by its full path (as `fit fusion` records it); the fitted
+        # a model part may be a folder anywhere, by its full path (as `fit fusion` records it); the fitted
         # lexical part is the fusion's own, saved inside it
-        return cls(config, part(config.lexical, anywhere=False), part(config.model, anywhere=True))
+        first = part(config.lexical, anywhere=True)
+        if first.family in LEXICAL_FAMILIES and Path(config.lexical).expanduser().is_absolute():
+            _inside(directory, config.lexical)  # refused unless it is inside after all
+        return cls(config, first, part(config.model, anywhere=True))
 
 
 def _inside(directory: Path, spec: str) -> Path:

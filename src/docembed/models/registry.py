@@ -7,8 +7,9 @@
    package's zoo (docembed/zoo/<name>/: base package + overlay, see docembed.models.zoo). A built-in name
    always means the built-in: a folder `glove-avg` in the working directory (or the models home) is used
    only when written as a path (`./glove-avg`), and a warning says so;
-4. `LEXICAL+MODEL` (`bm25+sbert`, `tfidf-dir+student`): a fusion of a lexical scorer and a model, each
-   part resolved by these rules (docembed.models.fusion);
+4. `LEXICAL+MODEL` (`bm25+sbert`, `tfidf-dir+student`): a fusion of a lexical scorer and a model, or
+   `MODEL+MODEL` (`student-passages+nugget-passages`) of two models, each part resolved by these rules
+   (docembed.models.fusion);
 5. a Hugging Face hub id (`org/name`) for families that can load one (sbert), where the network allows.
 
 Family modules are imported only when a model of that family is loaded, so the CLI starts fast.

@@ -237,6 +237,10 @@ class SBertEncoder(Encoder):
         return self.config.output in ("tokens", "windows")
 
     @property
+    def vectors_are_passages(self) -> bool:
+        return self.config.output == "windows"
+
+    @property
     def normalized(self) -> bool:
         return self.config.normalize
 

@@ -152,6 +152,10 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
     def multi_vector(self) -> bool:
         return self.config.long_documents == "late-chunks"
 
+    @property
+    def vectors_are_passages(self) -> bool:
+        return self.multi_vector  # one vector per 256 tokens of the long pass
+
     def set_max_length(self, max_length: int) -> None:
         """Read `max_length` tokens in one pass ([CLS] and [SEP] included). Beyond the positions the model
         has, its table is continued the way convert_long built it (source position p mod n: the zoo
