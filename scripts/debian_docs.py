@@ -79,6 +79,7 @@ class _Paragraphs(html.parser.HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.paragraphs: list[str] = []
+        self.language = ""  # <html lang="...">, when the page says
         self._current: list[str] = []
         self._skipping = 0
 
@@ -89,6 +90,8 @@ class _Paragraphs(html.parser.HTMLParser):
         self._current = []
 
     def handle_starttag(self, tag, attrs):
+        if tag == "html":
+            self.language = (dict(attrs).get("lang") or "").lower()
         if tag in SKIPPED:
             self._skipping += 1
         elif tag in BLOCKS:
@@ -114,9 +117,13 @@ def prose(paragraphs: list[str]) -> list[str]:
 
 
 def html_paragraphs(path: Path) -> list[str]:
+    """The page's prose; none when the page says it is in another language than English (apache2-doc's
+    English folder holds a few Portuguese pages)."""
     parser = _Paragraphs()
     parser.feed(path.read_text(encoding="utf-8", errors="replace"))
     parser.close()
+    if parser.language and not parser.language.startswith("en"):
+        return []
     return prose(parser.paragraphs)
 
 

@@ -43,6 +43,16 @@ def test_html_pages_keep_prose_paragraphs_in_order_and_drop_code_and_navigation(
     ]
 
 
+@pytest.mark.parametrize("lang, kept", [("pt-br", False), ("en-US", True), ("", True)])
+def test_a_page_in_another_language_than_english_gives_no_text(tmp_path, lang, kept):
+    """apache2-doc's English folder holds a few Portuguese pages: their own <html lang> leaves them out."""
+    page = tmp_path / "page.html"
+    attribute = f' lang="{lang}"' if lang else ""
+    page.write_text(f"<html{attribute}><body><p>A paragraph of enough words to be read as prose.</p></body>")
+    paragraphs = _script("debian_docs").html_paragraphs(page)
+    assert paragraphs == (["A paragraph of enough words to be read as prose."] if kept else [])
+
+
 def test_split_of_is_stable_and_roughly_a_tenth_each():
     split_of = _script("debian_docs").split_of
     splits = [split_of(f"pkg/page{i}.html") for i in range(2000)]
