@@ -54,27 +54,27 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "retriever"): 0.7,  # the recommended one at two thirds of the student's encoding time
     ("bm25", "retriever"): 0.65,
     ("tfidf", "sbert-windows"): 0.7,
-    ("bm25", "sbert-windows"): 0.6,
+    ("bm25", "sbert-windows"): 0.75,
     ("tfidf", "sbert"): 0.5,  # sbert reads a long document as sbert-chunks does
     ("tfidf", "sbert-chunks"): 0.5,
-    ("bm25", "sbert"): 0.5,
-    ("bm25", "sbert-chunks"): 0.5,
+    ("bm25", "sbert"): 0.55,
+    ("bm25", "sbert-chunks"): 0.55,
     ("tfidf", "student"): 0.55,
     ("bm25", "student"): 0.6,
-    ("tfidf", "nugget"): 0.5,
+    ("tfidf", "nugget"): 0.45,
     ("bm25", "nugget"): 0.5,
     ("tfidf", "nugget-passages"): 0.55,
     ("bm25", "nugget-passages"): 0.55,
     # two models, no lexical part: the best configuration without one on the same val splits (NUGGET's
     # token matches add what the student's passages miss on documentation passages), one weight for both
     # kinds of query
-    ("student-passages", "nugget-passages"): 0.3,
+    ("student-passages", "nugget-passages"): 0.35,
     ("retriever", "nugget-passages"): 0.25,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
     ("tfidf", "student-passages"): 0.95,
     ("bm25", "student-passages"): 1.0,
-    ("tfidf", "retriever"): 0.9,
+    ("tfidf", "retriever"): 0.85,
     ("bm25", "retriever"): 1.0,
     ("tfidf", "sbert-windows"): 0.1,  # val gave a long query almost wholly to tf-idf
     ("bm25", "sbert-windows"): 0.7,
