@@ -28,7 +28,7 @@ of a few points (without them, at 53-72 test queries, a ranker that always puts 
 Debian packages this machine lacks (scripts/man_corpus.py --packages: mail, DNS, VPN, storage, containers,
 typesetting, Debian packaging); on the docs tasks, 286 pages of nine documentation packages no corpus trains
 on (scripts/debian_docs.py --evaluation: Debian policy and guides, exim4, postfix, BIND, libvirt, Node.js,
-Sphinx), and, since 2026-11-28, 598 pages of nine application manuals no corpus trains on either
+Sphinx), and, since 2026-11-28, 592 pages of nine application manuals no corpus trains on either
 (`--evaluation manuals`: Apache httpd, Bacula, CMake, Octave, Varnish, gnuplot, the Debian FAQ and history,
 Securing Debian; with 215 test queries a documentation half that a fusion ranked 1.3 points above tf-idf
 was 1.6 SEs), half val and half test by a hash of the page. All are fetched from the Debian archive once,
@@ -531,7 +531,7 @@ def shipped_fusion_rows(results: dict, excluded: dict, long: dict, chosen: dict)
         lexical, reading = SHIPPED.get(first, first), SHIPPED.get(model)  # a first model: its reading
         if reading not in results or lexical not in results:
             continue
-        long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model))
+        long_weight = VALIDATED_LONG_QUERY_WEIGHTS.get((first, model))
         by_kind = " (zscore, by query kind)" if long_weight is not None else " (zscore)"
         val_choice = chosen.get(f"{lexical}+{reading}{by_kind}", {})
         if (val_choice.get("weight"), val_choice.get("long_query_weight")) == (weight, long_weight):

@@ -43,7 +43,7 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
     from docembed.runtime import log
 
     if not getattr(model, "requires_fit", False):
-        if getattr(model, "family", None) == "fusion":  # of two models: nothing to fit, the weight to say
+        if getattr(model, "family", None) == "fusion":  # two models, or a fitted folder: its weight said
             log(f"{model.name}: {_fusion_weight(model)}")
         return rows
     rows = list(rows)
