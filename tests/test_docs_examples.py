@@ -174,11 +174,13 @@ def test_the_site_builds_without_a_warning(tmp_path):
     """`make docs` without make: a broken link or anchor, a missing page or one left out of the nav fails."""
     pytest.importorskip("mkdocs")
     pytest.importorskip("material")
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet"]
+    # not --quiet: it hides the warning about a page left out of the nav, and strict mode then passes
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict"]
     command += ["-f", str(ROOT / "mkdocs.yml"), "-d", str(tmp_path / "site")]
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
-    assert done.returncode == 0 and not done.stderr.strip(), done.stderr[-5000:]
+    warnings = [line for line in done.stderr.splitlines() if not line.startswith("INFO")]
+    assert done.returncode == 0 and not warnings, done.stderr[-5000:]
     assert (tmp_path / "site" / "index.html").exists() and (
         tmp_path / "site" / "zoo" / "nugget" / "index.html"
     ).exists()
