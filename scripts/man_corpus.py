@@ -32,7 +32,9 @@ from debian_packages import fetch
 
 MAN_ROOT = Path("/usr/share/man")
 COMMAND_SECTIONS = ("1", "5", "7", "8")  # the default: commands, files, overviews, administration
-RENDER = ["groff", "-man", "-Tutf8", "-P-cbou", "-rHY=0", "-rLL=2000n"]
+# -Kutf-8: groff reads its input as Latin-1 unless told, so a UTF-8 page's "’" came out as "â" (until
+# 2026-11-29: 16 of the long-document bench's 207 pages). page_paragraphs hands it UTF-8 always.
+RENDER = ["groff", "-Kutf-8", "-man", "-Tutf8", "-P-cbou", "-rHY=0", "-rLL=2000n"]
 MIN_WORDS = 6
 # packages whose man pages of 2,000-10,000 words this machine lacks (commands, files and overviews of
 # mail, DNS, VPN, storage, containers, terminals, typesetting, Debian packaging, compilers)
@@ -51,7 +53,11 @@ def page_paragraphs(path: Path) -> list[str]:
     source = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if source.startswith(b".so "):  # a link to another page: its text is read there
         return []
-    rendered = subprocess.run(RENDER, input=source, capture_output=True, timeout=60)
+    try:  # Debian's man pages are UTF-8 (policy 12.1); an older page in Latin-1 is read as Latin-1
+        text = source.decode("utf-8")
+    except UnicodeDecodeError:
+        text = source.decode("latin-1")
+    rendered = subprocess.run(RENDER, input=text.encode("utf-8"), capture_output=True, timeout=60)
     if rendered.returncode != 0:
         return []
     lines = rendered.stdout.decode("utf-8", errors="replace").splitlines()[1:-1]  # header and footer

@@ -113,6 +113,17 @@ def test_man_pages_of_packages_leave_out_the_pages_this_machine_has_and_name_the
     assert man_corpus.man_description("man1/other.1", root) == "a tool"
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_a_man_page_keeps_its_characters_in_utf8_or_latin1(tmp_path, encoding):
+    # groff alone reads Latin-1: a UTF-8 page's "it’s" came out as "itâs"
+    man_corpus = _script("man_corpus")
+    words = "caf\u00e9 it\u2019s" if encoding == "utf-8" else "caf\u00e9 na\u00efve"
+    body = f"This paragraph of the {words} page has more than six words."
+    page = tmp_path / "page.1.gz"
+    page.write_bytes(gzip.compress(f".TH PAGE 1\n.SH DESCRIPTION\n{body}\n".encode(encoding)))
+    assert man_corpus.page_paragraphs(page) == [body]
+
+
 def test_an_evaluation_set_is_named_and_a_folder_named_like_a_page_is_not_read(tmp_path, monkeypatch):
     debian_docs = _script("debian_docs")
     fetched = []
