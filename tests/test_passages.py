@@ -168,6 +168,28 @@ def test_the_best_passage_is_the_part_about_the_query(capfd, tmp_path, passages_
         docembed.load("glove-avg", device="cpu").best_passages(QUERY, DOCS)
 
 
+def test_a_fusion_ranks_by_its_score_and_names_the_passage_of_its_part_with_passages(
+    capfd, tmp_path, passages_dir
+):
+    found = docembed.load(str(passages_dir), device="cpu").best_passages(QUERY, DOCS)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": QUERY, "candidates": DOCS}) + "\n")
+    hybrid = f"tfidf+{passages_dir}"
+    ranked = invoke(capfd, "rerank", tasks, "-m", hybrid, "--passages")
+    assert ranked.code == 0, ranked.err
+    plain = invoke(capfd, "rerank", tasks, "-m", hybrid)
+    rows = json.loads(ranked.out)["ranking"]
+    assert [(r["text"], r["score"]) for r in rows] == [
+        (r["text"], r["score"]) for r in json.loads(plain.out)["ranking"]
+    ]
+    by_text = {row["text"]: row["passage"] for row in rows}
+    assert [by_text[d] for d in DOCS] == [[f["start"], f["end"]] for f in found]
+    for spec in (hybrid, f"{passages_dir}+glove-avg"):  # the model part, else the first model
+        assert docembed.load(spec, device="cpu").best_passages(QUERY, DOCS) == found
+    refused = invoke(capfd, "rerank", tasks, "-m", "tfidf+glove-avg", "--passages")
+    assert refused.code != 0 and "or a fusion with one of them" in refused.err
+
+
 def test_a_fusion_of_built_ins_uses_its_validated_weight_and_exact_tfidf():
     from docembed.models.fusion import DEFAULT_WEIGHT, VALIDATED_WEIGHTS
     from docembed.models.registry import load_model

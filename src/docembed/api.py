@@ -297,13 +297,17 @@ class Model:
         """Per document, the passage `query` is about: {"start", "end"} (character offsets into the
         document), "text" and "score" (the cosine of the query, averaged over its vectors, with that
         passage); None for an empty document. For models whose vectors are passages (sbert-windows, the
-        student with long_documents="late-chunks"), the part `similarity` scores a document by."""
+        student with long_documents="late-chunks"), the part `similarity` scores a document by; for a
+        fusion (`tfidf+retriever`), its part whose vectors are passages (passages.passage_part)."""
+        from docembed.passages import passage_part
         from docembed.scoring import best_passages, passage_span
 
         documents = list(documents)
-        spans = self.encoder.passage_spans(documents)  # refuses a model without passages, before encoding
-        vectors = self.encode([query, *documents])
-        group_tokens = passage_scoring(self.encoder)[2]
+        part = passage_part(self.encoder)
+        spans = part.passage_spans(documents)  # refuses a model without passages, before encoding
+        texts = [query, *documents]
+        vectors = self.encode(texts) if part is self.encoder else encode_texts(part, texts, label="encode")
+        group_tokens = passage_scoring(part)[2]
         docs = vectors.select(range(1, len(documents) + 1))
         passages, cosines = best_passages(vectors[0], docs, group_tokens)
         found = []

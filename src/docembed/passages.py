@@ -17,7 +17,10 @@ from docembed.errors import DocembedError, UsageError
 from docembed.scoring import best_passages, passage_counts, passage_scoring, passage_span
 from docembed.types import MultiVectors
 
-PASSAGE_MODELS = "sbert-windows, nugget-passages, or a student saved with long_documents late-chunks"
+PASSAGE_MODELS = (
+    "sbert-windows, retriever, student-passages, nugget-passages, or a student saved with long_documents "
+    "late-chunks"
+)
 
 
 def refuse_index_without_passages(index, where: str, option: str = "--passages") -> None:
@@ -46,15 +49,36 @@ def _family_has_passages(family: str | None) -> bool:
     return "passages" in get_family(family).capabilities
 
 
-def check_passage_model(encoder, option: str = "--passages") -> None:
-    """The model that encodes the queries must cut texts into passages as the index's vectors were cut
-    (the rule `rerank --passages` applies)."""
-    supports = getattr(encoder, "supports", None)
-    if not (supports and supports("passages") and encoder.multi_vector and hasattr(encoder, "passage_spans")):
+def check_passage_model(encoder, option: str = "--passages"):
+    """The model that names the passages: `encoder` itself, which must cut texts into passages as the
+    index's vectors were cut (the rule `rerank --passages` applies), or a fusion's part that does
+    (passage_part). Returns that model."""
+    part = passage_part(encoder)
+    if not _cuts_passages(part):
         name = getattr(encoder, "name", encoder)
         raise UsageError(
-            f"{option} needs a model whose vectors are passages ({PASSAGE_MODELS}), not {name!r}"
+            f"{option} needs a model whose vectors are passages ({PASSAGE_MODELS}, or a fusion with one of "
+            f"them such as tfidf+retriever), not {name!r}"
         )
+    return part
+
+
+def passage_part(encoder):
+    """The model whose passages a ranking by `encoder` names: `encoder` itself, or for a fusion
+    (`tfidf+retriever`, `student-passages+nugget-passages`) its model part when that cuts passages, else
+    its first model. The fusion ranks the documents; that part says which passage of each the query
+    is about, the one it scores the document by. A fusion with neither gives its model part."""
+    if not (getattr(encoder, "scorer_only", False) and hasattr(encoder, "lexical")):
+        return encoder
+    parts = [encoder.model] if encoder.hybrid else [encoder.model, encoder.lexical]
+    return next((part for part in parts if _cuts_passages(part)), encoder.model)
+
+
+def _cuts_passages(encoder) -> bool:
+    supports = getattr(encoder, "supports", None)
+    return bool(
+        supports and supports("passages") and encoder.multi_vector and hasattr(encoder, "passage_spans")
+    )
 
 
 def add_passages(rows: Sequence[dict], queries: Sequence[MultiVectors], index, encoder) -> None:

@@ -14,6 +14,7 @@ from docembed.encoding import capped
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
+from docembed.passages import passage_part
 from docembed.scoring import (
     best_passages,
     passage_scoring,
@@ -99,7 +100,9 @@ def rerank_rows(
     or {"query": text, "candidates": [texts]}. `rows` yields (line_number, record). Rows are processed in
     chunks: all texts of a chunk are encoded together, each distinct document once. `passages`: each
     candidate also gets "passage": [start, end], the character offsets of the passage the query matches
-    best (a model whose vectors are passages: Encoder.passage_spans)."""
+    best (a model whose vectors are passages: Encoder.passage_spans; a fusion: its part that has them,
+    passages.passage_part)."""
+    part = passage_part(model) if passages else None
     for chunk in batched(rows, chunk_size):
         unique = _UniqueTexts()
         plans = []
@@ -110,10 +113,12 @@ def rerank_rows(
             q = unique.add(prefix + query_key, text_of(query_key))
             c = [unique.add(prefix + k, text_of(k)) for k in candidate_keys]
             plans.append((query_key, candidate_keys, by_id, q, c))
+        spans = part.passage_spans(unique.texts) if passages else None
         scorer = getattr(model, "scorer_only", False)
         vectors = None if scorer else _encode(model, unique.texts, batch_size)
-        score = _scorer(model, unique.texts, batch_size) if scorer else None
-        spans = model.passage_spans(unique.texts) if passages else None
+        score, part_vectors = _scorer(model, unique.texts, batch_size) if scorer else (None, None)
+        if passages and scorer:
+            vectors = part_vectors[part]  # a fusion's part: the passages its own encoding names
         for query_key, candidate_keys, by_id, q, c in plans:
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
@@ -123,7 +128,7 @@ def rerank_rows(
             order = rank(scores)
             ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order]
             if spans is not None:
-                group_tokens = passage_scoring(model)[2]
+                group_tokens = passage_scoring(part)[2]
                 best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c), group_tokens)
                 for entry, i in zip(ranking, order, strict=True):
                     entry["passage"] = passage_span(spans[c[i]], best[i])
@@ -131,10 +136,10 @@ def rerank_rows(
 
 
 def _scorer(model, texts: list[str], batch_size: int):
-    """score(query, candidates) of a scorer over one chunk: each model part of a fusion encodes the chunk's
-    texts once."""
+    """(score(query, candidates) of a scorer over one chunk, {model part: its vectors of the chunk's texts}):
+    each model part of a fusion encodes the chunk's texts once."""
     if not hasattr(model, "lexical"):
-        return model.score
+        return model.score, {}
     parts = [model.model] if model.hybrid else [model.lexical, model.model]
     vectors = {part: _encode(part, texts, batch_size) for part in parts}
     slot = {text: i for i, text in enumerate(texts)}
@@ -142,7 +147,7 @@ def _scorer(model, texts: list[str], batch_size: int):
     def embed(part, some: list[str]):
         return _gather(vectors[part], [slot[t] for t in some])
 
-    return lambda query, candidates: model.score_matrix([query], candidates, embed=embed)[0]
+    return lambda query, candidates: model.score_matrix([query], candidates, embed=embed)[0], vectors
 
 
 class _UniqueTexts:

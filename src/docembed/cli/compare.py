@@ -103,7 +103,8 @@ def rerank(
         False,
         "--passages",
         help="Add to each candidate the passage the query matches best, as character offsets [start, end] "
-        "(models whose vectors are passages: sbert-windows, the student with --long late-chunks).",
+        "(models whose vectors are passages: sbert-windows, retriever, student-passages, nugget-passages; a "
+        "fusion such as tfidf+retriever ranks by its fused score and names its model's best passage).",
     ),
 ) -> None:
     """Rerank candidates per row, best first, with their scores (cosine or mean-MaxSim).
@@ -136,11 +137,10 @@ def rerank(
 
         check_row(first[1], doc_texts, tasks, first[0])
     encoder = common.load(model)
-    if passages and not (encoder.supports("passages") and encoder.multi_vector):
-        raise UsageError(
-            f"--passages needs a model whose vectors are passages (sbert-windows, a student saved with "
-            f"long_documents late-chunks), not {encoder.name!r}"
-        )
+    if passages:
+        from docembed.passages import check_passage_model
+
+        check_passage_model(encoder)
     rows = fit_on_candidates(encoder, iter_jsonl_lines(tasks), tasks, doc_texts)  # bm25(+MODEL) unfitted
     ranked = rerank_rows(encoder, rows, tasks, doc_texts, batch_size, passages=passages)
 
