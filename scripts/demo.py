@@ -150,7 +150,7 @@ def main() -> None:
     print("rerank (first sentence -> rest of its paragraph, 10 candidates, 50 queries), MRR x100:")
     for name, value in scores.items():
         print(f"  {name:<13} {value:6.1f}")
-    print(f'search "{query}" (sbert, faiss flat):')
+    print(f'search "{query}" (sbert, a Lance collection, exact):')
     for hit in hits["results"]:
         print(f"  {hit['score']:.3f}  {hit['id']}")
     if missing:
