@@ -35,7 +35,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from debian_packages import fetch
+from debian_packages import decoded, fetch
 
 # package -> (folder inside the package, file pattern)
 PACKAGES = {
@@ -120,7 +120,7 @@ def html_paragraphs(path: Path) -> list[str]:
     """The page's prose; none when the page says it is in another language than English (apache2-doc's
     English folder holds a few Portuguese pages)."""
     parser = _Paragraphs()
-    parser.feed(path.read_text(encoding="utf-8", errors="replace"))
+    parser.feed(decoded(path.read_bytes()))
     parser.close()
     if parser.language and not parser.language.startswith("en"):
         return []
@@ -128,7 +128,8 @@ def html_paragraphs(path: Path) -> list[str]:
 
 
 def pod_paragraphs(path: Path) -> list[str]:
-    rendered = subprocess.run(["pod2text", str(path)], capture_output=True, timeout=60)
+    # --utf8: pod2text writes Latin-1 unless told, and "Ævar" (perlreapi) was read back as U+FFFD "var"
+    rendered = subprocess.run(["pod2text", "--utf8", str(path)], capture_output=True, timeout=60)
     if rendered.returncode != 0:
         return []
     text = rendered.stdout.decode("utf-8", errors="replace")

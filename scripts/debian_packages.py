@@ -33,3 +33,13 @@ def fetch(packages: list[str], cache: Path) -> Path:
         subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked / deb.name.split("_")[0])], check=True)
     (unpacked / ".done").write_text("")
     return unpacked
+
+
+def decoded(data: bytes) -> str:
+    """A packaged text file's bytes as text: UTF-8, else Latin-1, the encoding of older pages (a page that
+    declares UTF-8 may still hold a Latin-1 no-break space, as bacula-doc's do). Decoding UTF-8 with
+    errors="replace" turned each such byte into U+FFFD."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")

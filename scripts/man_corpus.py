@@ -28,7 +28,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from debian_packages import fetch
+from debian_packages import decoded, fetch
 
 MAN_ROOT = Path("/usr/share/man")
 COMMAND_SECTIONS = ("1", "5", "7", "8")  # the default: commands, files, overviews, administration
@@ -53,10 +53,7 @@ def page_paragraphs(path: Path) -> list[str]:
     source = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     if source.startswith(b".so "):  # a link to another page: its text is read there
         return []
-    try:  # Debian's man pages are UTF-8 (policy 12.1); an older page in Latin-1 is read as Latin-1
-        text = source.decode("utf-8")
-    except UnicodeDecodeError:
-        text = source.decode("latin-1")
+    text = decoded(source)  # UTF-8, or an older page's Latin-1, handed to groff as UTF-8
     rendered = subprocess.run(RENDER, input=text.encode("utf-8"), capture_output=True, timeout=60)
     if rendered.returncode != 0:
         return []

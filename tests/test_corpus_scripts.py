@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -122,6 +123,23 @@ def test_a_man_page_keeps_its_characters_in_utf8_or_latin1(tmp_path, encoding):
     page = tmp_path / "page.1.gz"
     page.write_bytes(gzip.compress(f".TH PAGE 1\n.SH DESCRIPTION\n{body}\n".encode(encoding)))
     assert man_corpus.page_paragraphs(page) == [body]
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+def test_documentation_pages_keep_their_characters_in_utf8_or_latin1(tmp_path, encoding):
+    # a page that declares UTF-8 may hold Latin-1 bytes (bacula-doc's); pod2text writes a Latin-1 pod as
+    # Latin-1 unless told: both came back with U+FFFD in place of the character
+    debian_docs = _script("debian_docs")
+    body = "A paragraph by \u00c6var Arnfj\u00f6r\u00f0 with more than six words."
+    page = tmp_path / "page.html"
+    page.write_bytes(f'<html><head><meta charset="utf-8"></head><body><p>{body}</p></body>'.encode(encoding))
+    assert debian_docs.html_paragraphs(page) == [body]
+    if shutil.which("pod2text") is None:
+        pytest.skip("pod2text (perl) is not installed")
+    pod = tmp_path / "page.pod"
+    declared = "utf8" if encoding == "utf-8" else "latin1"
+    pod.write_bytes(f"=encoding {declared}\n\n{body}\n".encode(encoding))
+    assert debian_docs.pod_paragraphs(pod) == [body]
 
 
 def test_an_evaluation_set_is_named_and_a_folder_named_like_a_page_is_not_read(tmp_path, monkeypatch):
