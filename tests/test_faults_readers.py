@@ -340,3 +340,26 @@ def test_a_folder_named_like_a_built_in_does_not_replace_it(capfd, model, tmp_pa
     assert folder.source == str((tmp_path / "tfidf").resolve())
     assert "warning" not in capfd.readouterr().err
     assert load_model(str(tmp_path / "tfidf")).source == folder.source
+
+
+def test_texts_another_process_cached_while_these_were_encoded_are_kept(tmp_path):
+    """Two `evaluate` runs of one model at once: each saves its entry after encoding; the second must not
+    save over the texts the first added meanwhile."""
+    from docembed.encoding import EmbeddingCache, model_identity, text_key
+
+    cache = EmbeddingCache(tmp_path / "cache")
+    fake = FakeModel(3)
+    other = EmbeddingCache(tmp_path / "cache")
+    encode = fake.encode
+
+    def encode_while_another_process_saves(texts, batch_size=32):
+        if fake.calls == 0:  # the other run finishes its texts while ours are being encoded
+            other.vectors(FakeModel(3), ["theirs", "shared"])
+        return encode(texts, batch_size)
+
+    fake.encode = encode_while_another_process_saves
+    assert cache.vectors(fake, ["ours", "shared"]).shape == (2, 3)
+    entry = load_embeddings(str(tmp_path / "cache" / model_identity(fake) / "vectors.npy"))
+    assert sorted(entry.ids) == sorted(text_key(t) for t in ("theirs", "shared", "ours"))
+    calls = fake.calls
+    assert cache.vectors(fake, ["theirs", "ours", "shared"]).shape == (3, 3) and fake.calls == calls

@@ -189,10 +189,10 @@ def model_identity(model) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
-def _cache_fits(stored: EmbeddingSet, model, path: Path) -> bool:
+def _cache_fits(stored: EmbeddingSet, model, path: Path, quiet: bool = False) -> bool:
     """Whether a cache entry holds this model's embeddings: written under this identity, of the model's
-    kind and width. A mismatch (a copied or stale entry) is rebuilt with a warning, never used: vectors of
-    another width would give wrong scores in silence."""
+    kind and width. A mismatch (a copied or stale entry) is rebuilt with a warning (unless `quiet`), never
+    used: vectors of another width would give wrong scores in silence."""
     owner = stored.metadata.get("model_identity")
     problem = None
     if owner not in (None, path.parent.name):
@@ -201,7 +201,7 @@ def _cache_fits(stored: EmbeddingSet, model, path: Path) -> bool:
         problem = "it holds " + ("multi-vector" if stored.is_multi else "dense") + " embeddings"
     elif len(stored) and _declared_dim(model) not in (None, stored.dim):
         problem = f"it holds {stored.dim}-d embeddings, the model makes {_declared_dim(model)}-d ones"
-    if problem:
+    if problem and not quiet:
         log(
             f"warning: embedding cache {path.parent} does not match {getattr(model, 'name', 'the model')}: "
             f"{problem}; rebuilding it"
@@ -225,6 +225,26 @@ def _same_kind(stored: Vectors, new: Vectors) -> bool:
         return False
     width = new.dim if isinstance(new, MultiVectors) else new.shape[1]
     return (stored.dim if isinstance(stored, MultiVectors) else stored.shape[1]) == width
+
+
+def _with_entry_written_meanwhile(path: Path, model, stored, new: Vectors, first: dict[str, int]):
+    """(stored, new, first) against the entry as it is on disk now: another process (a second `evaluate`
+    of the same model) may have saved texts while these were encoded, and saving ours over its file would
+    lose them. Its entry becomes the base, and only our texts it lacks are added."""
+    from docembed.io.embeddings import load_embeddings
+
+    try:
+        latest = load_embeddings(str(path)) if path.exists() else None
+    except DocembedError:  # damaged meanwhile: ours replaces it
+        return stored, new, first
+    unchanged = latest is None or (stored is not None and latest.ids == stored.ids)
+    if unchanged or not _cache_fits(latest, model, path, quiet=True) or not _same_kind(latest.data, new):
+        return stored, new, first
+    known = set(latest.ids)
+    rows = [row for row, key in enumerate(first) if key not in known]
+    keys = [key for key in first if key not in known]
+    new = new.select(rows) if isinstance(new, MultiVectors) else new[rows]
+    return latest, new, {key: first[key] for key in keys}
 
 
 def text_key(text: str) -> str:
@@ -275,6 +295,7 @@ class EmbeddingCache:
                 stored = None
                 first = {key: wanted.index(key) for key in dict.fromkeys(wanted)}
                 new = encode_texts(model, [texts[i] for i in first.values()], batch_size, label=label)
+            stored, new, first = _with_entry_written_meanwhile(path, model, stored, new, first)
             new_set = EmbeddingSet(new, list(first), {"model_identity": path.parent.name})
             if stored is not None and len(stored):
                 new_set = EmbeddingSet(
