@@ -486,6 +486,7 @@ def render_long_retrieval(result: dict) -> list[str]:
     if not models:
         return []
     tasks = list(next(iter(models.values()))["test"])
+    kept = set(result.get("kept_from_earlier_run", []))
     rows = []
     for label, row in models.items():
         cells = []
@@ -498,6 +499,7 @@ def render_long_retrieval(result: dict) -> list[str]:
         long_weight = row.get("long_query_weight_chosen_on_val", row.get("long_query_weight_shipped"))
         name = f"`{label}`" + ("" if weight is None else f" w={weight}")
         name += "" if long_weight is None else f", long queries w={long_weight}"
+        name += " (earlier run)" if label in kept else ""
         rows.append([name, *cells, format_number(row["mean"]["val"]), format_number(row["mean"]["test"])])
     data = result.get("data", {})
     sizes = "; ".join(
@@ -537,6 +539,13 @@ def render_long_retrieval(result: dict) -> list[str]:
             "Of those queries, from pages no model trained on (man pages of Debian packages this machine "
             "lacks, and the documentation of eighteen packages no corpus reads: Debian's guides and server "
             "software's, then application manuals), val / test: " + added + ".",
+            "",
+        ]
+    if kept:
+        lines += [
+            f"Rows `(earlier run)`, {len(kept)} of them: configurations of models this run did not encode "
+            "again (`--update`), as the run before it scored them, with the texts and lexical rules of that "
+            "run.",
             "",
         ]
     shipped = _load_module("long_retrieval", discover()["long_retrieval"]).SHIPPED_WEIGHTS.strip()

@@ -66,6 +66,18 @@ def test_tfidf_from_python_is_the_fit_command(corpus, tmp_path):
     np.testing.assert_allclose(load_model(str(tmp_path / "python")).encode(texts), from_cli, atol=1e-6)
 
 
+def test_tfidf_bigrams_from_python_is_the_fit_command_with_ngram_max_2(corpus, tmp_path):
+    path, texts = corpus
+    model = fit_family("tfidf-bigrams", texts, seed=3)
+    assert model.config.ngram_max == 2 and any(" " in term for term in model.vectorizer.vocabulary_)
+    run("--seed", "3", "fit", "tfidf", str(path), "-o", str(tmp_path / "cli"), "--ngram-max", "2")
+    from_cli = load_model(str(tmp_path / "cli"))
+    assert (model.encode_sparse(texts) != from_cli.encode_sparse(texts)).nnz == 0
+    bm25 = ["fit", "bm25", str(path), "-o", str(tmp_path / "b"), "--ngram-max", "2"]
+    result = CliRunner().invoke(app, bm25)
+    assert result.exit_code != 0 and "--ngram-max applies to tfidf only" in str(result.exception)
+
+
 def test_bm25_from_python_is_the_fit_command(corpus, tmp_path):
     path, texts = corpus
     scorer = fit_bm25(texts, BM25Config(k1=1.2, b=0.75))

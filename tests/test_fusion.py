@@ -233,6 +233,23 @@ def test_a_fitted_tfidf_folder_and_a_multi_vector_model(tmp_path, tiny_tfidf_dir
     )
 
 
+def test_tfidf_bigrams_ranks_by_word_pairs_alone_and_as_a_fusions_lexical_side(tiny_sbert_dir):
+    # the same words in another order: word tf-idf cannot tell the two apart, word pairs can
+    docs = ["york new and the city", "new york and the city", "a harbour city by the sea"]
+    words = load_model("tfidf").fit(docs).encode_sparse(["new york"])
+    pairs = load_model("tfidf-bigrams")
+    assert pairs.requires_fit and pairs.config.ngram_max == 2
+    with pytest.raises(Exception, match="--ngram-max 2"):  # what to run, with the option that makes it
+        pairs.encode(["new york"])
+    plain = (words @ load_model("tfidf").fit(docs).encode_sparse(docs).T).toarray()[0]
+    assert plain[0] == pytest.approx(plain[1])
+    fusion = load_model(f"tfidf-bigrams+{tiny_sbert_dir}").fit(docs)
+    assert fusion.lexical.config.svd_dim == 0  # the exact rows of the rule the weights were chosen with
+    lexical, _ = fusion.part_scores(["new york"], docs)
+    assert lexical[0, 1] > lexical[0, 0] > lexical[0, 2]
+    assert list(np.argsort(-fusion.score_matrix(["new york"], docs, weight=0.0)[0])) == [1, 0, 2]
+
+
 def test_a_fusion_of_two_models_fuses_each_ones_own_scores(tmp_path, tiny_sbert_dir, tiny_sbert_tokens_dir):
     """`MODEL+MODEL` (`student-passages+nugget-passages`): no lexical part and nothing to fit; the first
     model's scores (by its own vectors and scoring) take the lexical part's place, and a saved fusion names

@@ -272,3 +272,29 @@ def test_two_models_are_fused_too_and_long_queries_follow_the_part_with_passages
     assert row["weight"] < 0.5 and row["rr"]["test"]["t"].tolist() == [1.0, 1.0, 1.0]  # the first decides
     assert bench.long_family(first, second, long) == "student"
     assert bench.long_family("tfidf", second, long) is None  # no part with passages: one weight
+
+
+def test_an_update_keeps_the_rows_it_did_not_score_and_names_them(bench):
+    earlier = {
+        "models": {"tfidf": {"mean": {"val": 1.0}}, "nugget": {"mean": {"val": 2.0}}, "tfidf+nugget": {}},
+        "encode_seconds": {"nugget": 40.0, "retriever": 30.0},
+    }
+    now = {
+        "models": {"tfidf": {"mean": {"val": 1.5}}, "retriever": {}},
+        "encode_seconds": {"retriever": 31.0},
+    }
+    summary = bench.kept_rows(now, earlier)
+    assert summary["models"]["tfidf"] == {"mean": {"val": 1.5}}  # this run's row replaces the earlier one
+    assert summary["models"]["nugget"] == {"mean": {"val": 2.0}} and "retriever" in summary["models"]
+    assert summary["kept_from_earlier_run"] == ["nugget", "tfidf+nugget"]
+    assert summary["encode_seconds"] == {"nugget": 40.0, "retriever": 31.0}
+
+
+def test_each_test_cell_is_compared_with_the_issues_rules_not_with_a_new_lexical_side(bench):
+    ones, halves = np.ones(4), np.full(4, 0.5)
+    rr = {rule: {s: {"t": halves} for s in bench.SPLITS} for rule in bench.LEXICAL}
+    rr["tfidf-bigrams"] = {s: {"t": ones} for s in bench.SPLITS}  # the strongest rule here
+    rr["m"] = {s: {"t": np.array([1.0, 1.0, 0.5, 0.5])} for s in bench.SPLITS}
+    cell = bench.summarise(rr, {"t": {}}, {}, {})["models"]["m"]["test"]["t"]["vs_lexical"]
+    assert "tfidf-bigrams" in bench.LEXICAL and "tfidf-bigrams" not in bench.COMPARED_RULES
+    assert cell["rule"] in bench.COMPARED_RULES and cell["diff"] == pytest.approx(25.0)

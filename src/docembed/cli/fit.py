@@ -19,8 +19,8 @@ def fit(
     lexical: str = typer.Option(
         "bm25",
         "--lexical",
-        help="fusion: the first part, tfidf or bm25 (fitted on the corpus), or a model (two models: "
-        "nothing is fitted).",
+        help="fusion: the first part, tfidf, tfidf-bigrams or bm25 (fitted on the corpus), or a model (two "
+        "models: nothing is fitted).",
     ),
     model: str = typer.Option("sbert", "--model", "-m", help="fusion: the model part (any --model value)."),
     validation: str = typer.Option(
@@ -42,6 +42,13 @@ def fit(
     text_field: str = common.TEXT_FIELD,
     svd_dim: int = typer.Option(
         None, "--svd-dim", min=0, help="tfidf: size of the dense LSA output of encode (0 = raw tf-idf rows)."
+    ),
+    ngram_max: int = typer.Option(
+        None,
+        "--ngram-max",
+        min=1,
+        max=3,
+        help="tfidf: longest word n-gram counted (2: words and word pairs, the built-in tfidf-bigrams).",
     ),
     analyzer: str = typer.Option(
         None,
@@ -80,8 +87,9 @@ def fit(
         )
     if family not in ("tfidf", "bm25"):
         raise UsageError(f"only tfidf, bm25 and fusion are fitted this way, not {family!r}")
-    if svd_dim is not None and family != "tfidf":
-        raise UsageError("--svd-dim applies to tfidf only")
+    for flag, value in (("--svd-dim", svd_dim), ("--ngram-max", ngram_max)):
+        if value is not None and family != "tfidf":
+            raise UsageError(f"{flag} applies to tfidf only")
     bm25_options = {k: v for k, v in (("analyzer", analyzer), ("k1", k1), ("b", b)) if v is not None}
     if bm25_options and family != "bm25":
         raise UsageError(f"--{' --'.join(bm25_options)} applies to bm25 only")
@@ -93,6 +101,8 @@ def fit(
             config = TfidfConfig(seed=settings.seed)
             if svd_dim is not None:
                 config.svd_dim = svd_dim
+            if ngram_max is not None:
+                config.ngram_max = ngram_max
             model = fit_tfidf(texts, config)
         else:
             model = fit_bm25(texts, bm25_config)

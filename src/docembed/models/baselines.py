@@ -98,9 +98,11 @@ class FittedBaseline(Encoder):
 
     def _check_fitted(self) -> None:
         if self.fitted_on is None:
+            ngrams = getattr(self.config, "ngram_max", 1)
+            option = f" --ngram-max {ngrams}" if ngrams > 1 else ""
             raise UsageError(
-                f"{self.name} has not been fitted: run `docembed fit {self.family} CORPUS -o DIR` and use "
-                "DIR as the model (the evaluator fits it on each task's training text by itself)"
+                f"{self.name} has not been fitted: run `docembed fit {self.family} CORPUS{option} -o DIR` "
+                "and use DIR as the model (the evaluator fits it on each task's training text by itself)"
             )
 
 

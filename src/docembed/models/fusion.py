@@ -1,5 +1,5 @@
-"""Fusion of a lexical scorer (tfidf, bm25) and any docembed model: `bm25+sbert`, `tfidf-dir+student`; or of
-two models with embeddings: `student-passages+nugget-passages`.
+"""Fusion of a lexical scorer (tfidf, tfidf-bigrams, bm25) and any docembed model: `bm25+sbert`,
+`tfidf-dir+student`; or of two models with embeddings: `student-passages+nugget-passages`.
 
 A fusion scores query/candidate pairs, it has no embeddings (a scorer, as bm25 is). For one query and its
 candidates, each part's scores are normalised over the candidates (per query) and combined convexly:
@@ -49,9 +49,11 @@ DEFAULT_WEIGHT = 0.5
 # model whose vectors are passages, the weight is the one for the shorter queries, chosen with the weight for
 # long ones (VALIDATED_LONG_QUERY_WEIGHTS; bench rows "(zscore, by query kind)").
 VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
-    ("tfidf", "student-passages"): 0.65,  # the recommended long-document search
+    ("tfidf-bigrams", "student-passages"): 0.7,  # the recommended long-document search
+    ("tfidf-bigrams", "retriever"): 0.6,  # the recommended one at about 62 % of the student's encoding time
+    ("tfidf", "student-passages"): 0.65,
     ("bm25", "student-passages"): 0.7,
-    ("tfidf", "retriever"): 0.7,  # the recommended one at two thirds of the student's encoding time
+    ("tfidf", "retriever"): 0.7,
     ("bm25", "retriever"): 0.65,
     ("tfidf", "sbert-windows"): 0.7,
     ("bm25", "sbert-windows"): 0.75,
@@ -72,6 +74,8 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     ("retriever", "nugget-passages"): 0.25,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
+    ("tfidf-bigrams", "student-passages"): 0.65,
+    ("tfidf-bigrams", "retriever"): 1.0,
     ("tfidf", "student-passages"): 0.95,
     ("bm25", "student-passages"): 1.0,
     ("tfidf", "retriever"): 0.85,
@@ -166,8 +170,9 @@ class FusionScorer(Encoder):
     @classmethod
     def from_parts(cls, lexical: str, model: str, device: str = "cpu", **config: Any) -> FusionScorer:
         """`bm25+sbert`: the two parts by name or folder, with the given weight, else the one validated for
-        these two built-ins (VALIDATED_WEIGHTS), else the default. A built-in `tfidf` part scores with the
-        exact tf-idf rows, the rule the weights were chosen with (an LSA of a few candidates is not one)."""
+        these two built-ins (VALIDATED_WEIGHTS), else the default. A built-in tf-idf part (`tfidf`,
+        `tfidf-bigrams`) scores with the exact tf-idf rows, the rule the weights were chosen with (an LSA of
+        a few candidates is not one)."""
         from docembed.models.registry import load_model
 
         validated = VALIDATED_WEIGHTS.get((lexical, model))
@@ -179,7 +184,7 @@ class FusionScorer(Encoder):
             config.update(weight=validated, chosen_on=VALIDATED_ON)
             config.setdefault("long_query_weight", VALIDATED_LONG_QUERY_WEIGHTS.get((lexical, model)))
         lexical_part = load_model(lexical, device)  # or the first model
-        if lexical == "tfidf":
+        if lexical_part.family == "tfidf" and lexical_part.requires_fit:  # a built-in, fitted on candidates
             lexical_part.config.svd_dim = 0
         return cls(
             FusionConfig(lexical=lexical, model=model, **config), lexical_part, load_model(model, device)

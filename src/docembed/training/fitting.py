@@ -146,6 +146,12 @@ def _fit_tfidf(corpus, output, seed: int, device: str):
     return fit_tfidf(_texts(corpus), TfidfConfig(seed=seed), output)
 
 
+def _fit_tfidf_bigrams(corpus, output, seed: int, device: str):
+    from docembed.models.baselines import TfidfConfig, fit_tfidf
+
+    return fit_tfidf(_texts(corpus), TfidfConfig(ngram_max=2, seed=seed), output)
+
+
 def _fit_bm25(corpus, output, seed: int, device: str):
     from docembed.models.baselines import fit_bm25
 
@@ -157,6 +163,7 @@ FIT_FUNCTIONS: dict[str, Callable] = {
     "pv": _fit_pv,
     "setenc": _fit_setenc,
     "tfidf": _fit_tfidf,
+    "tfidf-bigrams": _fit_tfidf_bigrams,
     "bm25": _fit_bm25,
 }
 
