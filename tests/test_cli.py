@@ -148,6 +148,21 @@ def test_rerank_ids_and_texts(capfd, tmp_path):
     assert result.code == 1 and "bad.jsonl:1" in result.err and "nope" in result.err
 
 
+def test_a_query_text_ranks_the_documents_of_its_candidate_ids(capfd, tmp_path):
+    # a query finds the document it is about: its candidates are ids of --docs, ranked by their texts
+    docs = tmp_path / "docs.tsv"
+    docs.write_text("R0\tbond yields fell\nR1\ta cat lay on the carpet\nR2\tthe orchestra tuned up\n")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": "a kitten on a rug", "candidates": ["R0", "R2", "R1"]}) + "\n")
+    row = json.loads(invoke(capfd, "rerank", tasks, "--docs", docs, "-m", "tfidf+sbert").out)
+    assert row["query"] == "a kitten on a rug" and row["ranking"][0]["id"] == "R1"
+    assert {entry["id"] for entry in row["ranking"]} == {"R0", "R1", "R2"}
+    # some ids, some not: the ids were meant, and the missing ones are named
+    tasks.write_text(json.dumps({"query": "a kitten", "candidates": ["R0", "R9"]}) + "\n")
+    result = invoke(capfd, "rerank", tasks, "--docs", docs)
+    assert result.code == 1 and "tasks.jsonl:1" in result.err and "R9" in result.err
+
+
 @pytest.mark.parametrize("model", ["sbert", "sbert-tokens"])
 def test_index_build_and_search(capfd, corpus, tmp_path, model):
     emb, index = tmp_path / "e.npz", tmp_path / "index"

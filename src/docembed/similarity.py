@@ -96,35 +96,33 @@ def rerank_rows(
     chunk_size: int = 256,
     passages: bool = False,
 ) -> Iterator[dict]:
-    """Rerank each task row, best first. A row is {"source": id, "candidates": [ids]} (texts from `docs`)
-    or {"query": text, "candidates": [texts]}. `rows` yields (line_number, record). Rows are processed in
-    chunks: all texts of a chunk are encoded together, each distinct document once. `passages`: each
-    candidate also gets "passage": [start, end], the character offsets of the passage the query matches
-    best (a model whose vectors are passages: Encoder.passage_spans; a fusion: its part that has them,
-    passages.passage_part)."""
+    """Rerank each task row, best first. A row is {"source": id, "candidates": [ids]} (texts from `docs`),
+    {"query": text, "candidates": [ids]} or {"query": text, "candidates": [texts]}. `rows` yields
+    (line_number, record). Rows are processed in chunks: all texts of a chunk are encoded together, each
+    distinct document once. `passages`: each candidate also gets "passage": [start, end], the character
+    offsets of the passage the query matches best (a model whose vectors are passages:
+    Encoder.passage_spans; a fusion: its part that has them, passages.passage_part)."""
     part = passage_part(model) if passages else None
     for chunk in batched(rows, chunk_size):
         unique = _UniqueTexts()
         plans = []
         for line_number, row in chunk:
-            query_key, candidate_keys, by_id = _resolve(row, docs, source, line_number)
-            text_of = docs.__getitem__ if by_id else str
-            prefix = "id:" if by_id else "text:"
-            q = unique.add(prefix + query_key, text_of(query_key))
-            c = [unique.add(prefix + k, text_of(k)) for k in candidate_keys]
-            plans.append((query_key, candidate_keys, by_id, q, c))
+            query_key, candidate_keys, query_id, candidate_ids = _resolve(row, docs, source, line_number)
+            q = unique.add(*_keyed(query_key, query_id, docs))
+            c = [unique.add(*_keyed(k, candidate_ids, docs)) for k in candidate_keys]
+            plans.append((query_key, candidate_keys, query_id, candidate_ids, q, c))
         spans = part.passage_spans(unique.texts) if passages else None
         scorer = getattr(model, "scorer_only", False)
         vectors = None if scorer else _encode(model, unique.texts, batch_size)
         score, part_vectors = _scorer(model, unique.texts, batch_size) if scorer else (None, None)
         if passages and scorer:
             vectors = part_vectors[part]  # a fusion's part: the passages its own encoding names
-        for query_key, candidate_keys, by_id, q, c in plans:
+        for query_key, candidate_keys, query_id, candidate_ids, q, c in plans:
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
             else:
                 scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), *passage_scoring(model))
-            key = "id" if by_id else "text"
+            key = "id" if candidate_ids else "text"
             order = rank(scores)
             ranking = [{key: candidate_keys[i], "score": round(float(scores[i]), 6)} for i in order]
             if spans is not None:
@@ -132,7 +130,12 @@ def rerank_rows(
                 best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c), group_tokens)
                 for entry, i in zip(ranking, order, strict=True):
                     entry["passage"] = passage_span(spans[c[i]], best[i])
-            yield {("source" if by_id else "query"): query_key, "ranking": ranking}
+            yield {("source" if query_id else "query"): query_key, "ranking": ranking}
+
+
+def _keyed(key: str, is_id: bool, docs: dict[str, str] | None) -> tuple[str, str]:
+    """(a chunk's key, the text) of a row's query or candidate: an id's document, or the text itself."""
+    return ("id:" + key, docs[key]) if is_id else ("text:" + key, key)
 
 
 def _scorer(model, texts: list[str], batch_size: int):
@@ -176,6 +179,9 @@ def check_row(row: dict, docs: dict[str, str] | None, source: str, line_number: 
 
 
 def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: int):
+    """(query key, candidate keys, whether the query is an id, whether the candidates are ids) of a row: a
+    "source" row is ids throughout; a "query" row's candidates are ids of `docs` when every one is (the
+    query finds the document it is about), else texts."""
     candidates = row.get("candidates")
     if not isinstance(candidates, list) or not candidates:
         raise InputFormatError(source, line_number, "'candidates' must be a non-empty list")
@@ -188,11 +194,15 @@ def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: i
         missing = [k for k in keys if k not in docs]
         if missing:
             raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
-        return keys[0], keys[1:], True
+        return keys[0], keys[1:], True, True
     if "query" in row and isinstance(row["query"], str):
         if not all(isinstance(c, str) for c in candidates):
-            raise InputFormatError(source, line_number, "candidates of a 'query' row must be texts")
-        return row["query"], candidates, False
+            raise InputFormatError(source, line_number, "candidates of a 'query' row must be texts or ids")
+        found = [c in docs for c in candidates] if docs is not None else [False]
+        if any(found) and not all(found):  # ids meant, some of them not in --docs
+            missing = [c for c, ok in zip(candidates, found, strict=True) if not ok]
+            raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
+        return row["query"], candidates, False, all(found)
     raise InputFormatError(source, line_number, "expected a 'source' id or a 'query' text")
 
 
@@ -203,10 +213,10 @@ def validation_queries(
     what choosing a fusion weight reads. A row is a rerank row plus "answer" (an index into candidates)."""
     out = []
     for line_number, row in rows:
-        query_key, candidate_keys, by_id = _resolve(row, docs, source, line_number)
+        query_key, candidate_keys, query_id, candidate_ids = _resolve(row, docs, source, line_number)
         answer = row.get("answer")
         if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(candidate_keys):
             raise InputFormatError(source, line_number, "'answer' must be the index of the right candidate")
-        text_of = docs.__getitem__ if by_id else str
-        out.append((text_of(query_key), [text_of(k) for k in candidate_keys], answer))
+        texts = [_keyed(k, candidate_ids, docs)[1] for k in candidate_keys]
+        out.append((_keyed(query_key, query_id, docs)[1], texts, answer))
     return out

@@ -83,7 +83,9 @@ def _read_docs(docs: str, id_field: str, text_field: str) -> dict[str, str]:
 
 def rerank(
     tasks: str = typer.Argument(
-        ..., help="JSONL rows {source, candidates: [ids]} or {query, candidates: [texts]}; - for stdin."
+        ...,
+        help="JSONL rows {source, candidates: [ids]}, {query, candidates: [ids]} (ids of --docs) or "
+        "{query, candidates: [texts]}; - for stdin.",
     ),
     docs: str = typer.Option(
         None, "--docs", "-d", help="Documents for id rows (.jsonl, .tsv id<TAB>text, .txt)."
