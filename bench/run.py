@@ -208,14 +208,20 @@ def save_items(results_path: pathlib.Path, name: str, items: dict) -> None:
 
 
 def _store(target: pathlib.Path, name: str, entry: dict, merged: dict) -> None:
-    """Put one module's entry into the day's results file: its summary there, its per-item values beside."""
+    """Put one module's entry into the day's results file: its summary there, its per-item values beside. A
+    module that keeps the same summary in its own file beside (`NAME.json`, tracked) is named, not copied."""
     summary, items = split_items(entry["result"])
     if items:
         save_items(target, name, items)
     # re-read before writing: another `run.py --only` may have finished a module in the meantime
     if target.exists():
         merged["benchmarks"] = json.loads(target.read_text()).get("benchmarks", {})
-    merged["benchmarks"][name] = {**entry, "result": summary}
+    own = target.parent / f"{name}.json"
+    if own.is_file() and json.loads(own.read_text()) == summary:
+        stored = {k: v for k, v in entry.items() if k != "result"} | {"result_file": own.name}
+    else:
+        stored = {**entry, "result": summary}
+    merged["benchmarks"][name] = stored
     target.write_text(json.dumps(merged, indent=2, default=str) + "\n")
 
 
@@ -606,6 +612,9 @@ def render(results_path: pathlib.Path, changelog: pathlib.Path | None = CHANGELO
         "",
     ]
     benchmarks = merged.get("benchmarks", {})
+    for entry in benchmarks.values():  # a module's summary kept in its own file beside (_store)
+        if "result_file" in entry:
+            entry["result"] = json.loads((results_path.parent / entry["result_file"]).read_text())
     quality = benchmarks.get("quality", {}).get("result", {})
     if quality.get("results"):
         lines += render_jobs(quality)

@@ -86,6 +86,21 @@ def test_split_items_moves_per_item_values_out_of_the_summary():
     assert items == {"results/m/pi/metrics": {"mrr": [1.0, 0.0]}}
 
 
+def test_a_summary_a_module_keeps_in_its_own_file_is_named_not_copied(tmp_path):
+    run = _bench_module("run")
+    summary = {"models": {"tfidf": {"mean": {"val": 1.0}}}}
+    (tmp_path / "mine.json").write_text(json.dumps(summary))
+    target, merged = tmp_path / "2026-01-01.json", {"date": "2026-01-01", "benchmarks": {}}
+    run._store(target, "mine", {"seconds": 1, "result": summary}, merged)
+    run._store(target, "other", {"seconds": 2, "result": {"x": 1}}, merged)
+    stored = json.loads(target.read_text())["benchmarks"]
+    assert stored["mine"] == {"seconds": 1, "result_file": "mine.json"}
+    assert stored["other"]["result"] == {"x": 1}
+    (tmp_path / "mine.json").write_text(json.dumps({"models": {}}))  # the file moved on: the run's own copy
+    run._store(target, "mine", {"seconds": 3, "result": summary}, merged)
+    assert json.loads(target.read_text())["benchmarks"]["mine"]["result"] == summary
+
+
 def test_paired_differences_compare_a_model_with_every_other_on_the_same_items():
     quality = _bench_module("bench_quality")
 

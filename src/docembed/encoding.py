@@ -242,9 +242,8 @@ def _with_entry_written_meanwhile(path: Path, model, stored, new: Vectors, first
         return stored, new, first
     known = set(latest.ids)
     rows = [row for row, key in enumerate(first) if key not in known]
-    keys = [key for key in first if key not in known]
     new = new.select(rows) if isinstance(new, MultiVectors) else new[rows]
-    return latest, new, {key: first[key] for key in keys}
+    return latest, new, {key: index for key, index in first.items() if key not in known}
 
 
 def text_key(text: str) -> str:

@@ -133,9 +133,14 @@ def rerank_rows(
             yield {("source" if query_id else "query"): query_key, "ranking": ranking}
 
 
+def _text(key: str, is_id: bool, docs: dict[str, str] | None) -> str:
+    """A row's query or candidate as text: an id's document, or the text itself."""
+    return docs[key] if is_id else key
+
+
 def _keyed(key: str, is_id: bool, docs: dict[str, str] | None) -> tuple[str, str]:
-    """(a chunk's key, the text) of a row's query or candidate: an id's document, or the text itself."""
-    return ("id:" + key, docs[key]) if is_id else ("text:" + key, key)
+    """(a chunk's key, the text) of a row's query or candidate: an id and a text of the same string differ."""
+    return ("id:" if is_id else "text:") + key, _text(key, is_id, docs)
 
 
 def _scorer(model, texts: list[str], batch_size: int):
@@ -191,19 +196,22 @@ def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: i
                 source, line_number, "rows with 'source' ids need --docs FILE (the documents' texts)"
             )
         keys = [str(row["source"]), *map(str, candidates)]
-        missing = [k for k in keys if k not in docs]
-        if missing:
-            raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
+        _require_ids(keys, docs, source, line_number)
         return keys[0], keys[1:], True, True
     if "query" in row and isinstance(row["query"], str):
         if not all(isinstance(c, str) for c in candidates):
             raise InputFormatError(source, line_number, "candidates of a 'query' row must be texts or ids")
-        found = [c in docs for c in candidates] if docs is not None else [False]
-        if any(found) and not all(found):  # ids meant, some of them not in --docs
-            missing = [c for c, ok in zip(candidates, found, strict=True) if not ok]
-            raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
-        return row["query"], candidates, False, all(found)
+        by_id = docs is not None and any(c in docs for c in candidates)
+        if by_id:  # ids meant: every one must be there
+            _require_ids(candidates, docs, source, line_number)
+        return row["query"], candidates, False, by_id
     raise InputFormatError(source, line_number, "expected a 'source' id or a 'query' text")
+
+
+def _require_ids(keys: list[str], docs: dict[str, str], source: str, line_number: int) -> None:
+    missing = [k for k in keys if k not in docs]
+    if missing:
+        raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
 
 
 def validation_queries(
@@ -217,6 +225,6 @@ def validation_queries(
         answer = row.get("answer")
         if not isinstance(answer, int) or isinstance(answer, bool) or not 0 <= answer < len(candidate_keys):
             raise InputFormatError(source, line_number, "'answer' must be the index of the right candidate")
-        texts = [_keyed(k, candidate_ids, docs)[1] for k in candidate_keys]
-        out.append((_keyed(query_key, query_id, docs)[1], texts, answer))
+        texts = [_text(k, candidate_ids, docs) for k in candidate_keys]
+        out.append((_text(query_key, query_id, docs), texts, answer))
     return out
