@@ -57,7 +57,8 @@ takes minutes: NUGGET's MaxSim over all the tasks takes most of an hour); the su
 bench/results/long_retrieval.json.
 
     .venv/bin/python bench/bench_long_retrieval.py [--encoders sbert-windows,student] [--ng-docs 150]
-    .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --encode-only val   # fill the cache
+    .venv/bin/python bench/bench_long_retrieval.py --encoders nugget --encode-only val &   # fill the cache,
+    .venv/bin/python bench/bench_long_retrieval.py --encoders nugget --encode-only test    # a split each
     .venv/bin/python bench/bench_long_retrieval.py --encoders retriever --standard-pages
     .venv/bin/python bench/run.py --only long_retrieval
 """
@@ -663,6 +664,33 @@ def kept_rows(summary: dict, earlier: dict) -> dict:
 QUICK_DOCS = 8  # `run.py --quick`: a pipeline check on the first few documents of each split
 
 
+def late_chunk_tokenizer(encoders: list[str] | None):
+    """The student's tokenizer when its late chunks are scored (its default reading re-pools them by
+    tokens), else None."""
+    if "student-late-chunks" not in (encoders or ENCODERS):
+        return None
+    import docembed
+
+    return docembed.load("student", device="cpu").encoder.tokenizer
+
+
+def fill_cache(split: str, encoders: list[str] | None, ng_docs: int, more_pages: bool = True) -> None:
+    """Encode one split's tasks and score every configuration of each encoding into the cache, as `main`
+    does (the same keys): two processes, one per split, share the encoding and NUGGET's MaxSim scoring
+    (most of an hour), which a plain run would do alone."""
+    own_tasks = build_tasks(ng_docs)
+    added = more_page_tasks() if more_pages else {}
+    tasks = joined(own_tasks, added)
+    tokenizer = late_chunk_tokenizer(encoders)
+    for label in encoders or list(ENCODERS):
+        for task, by_split in tasks.items():
+            queries, candidates = by_split[split]
+            vectors = encoded_task(label, task, split, own_tasks, added, {})
+            texts = {"queries": queries, "candidates": candidates}
+            configuration_scores(label, task, split, vectors, texts, tokenizer)
+            print(f"[long_retrieval] {label}: {task}/{split} scored", file=sys.stderr, flush=True)
+
+
 def main(
     out_dir: pathlib.Path | None = None,
     full: bool = False,
@@ -696,11 +724,7 @@ def main(
                 matrix = lexical_scores(lexical, queries, candidates)
                 scores.setdefault(lexical, {}).setdefault(split, {})[task] = matrix
     timings: dict[str, float] = {}
-    tokenizer = None
-    if "student-late-chunks" in (encoders or ENCODERS):
-        import docembed
-
-        tokenizer = docembed.load("student", device="cpu").encoder.tokenizer
+    tokenizer = late_chunk_tokenizer(encoders)
     from docembed.scoring import long_query_rows
 
     long: dict[str, dict] = {}  # passage family -> split -> task -> whether each query is a long one
@@ -788,16 +812,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--encode-only",
         choices=SPLITS,
-        help="only encode this split into the cache and stop (run val and test in two processes, then a "
-        "plain run scores everything from the cache)",
+        help="only fill the cache of this split (embeddings and score matrices) and stop: run val and test "
+        "in two processes, then a plain run fuses and summarises from the cache in minutes",
     )
     args = parser.parse_args()
     chosen = args.encoders.split(",") if args.encoders else None
     if args.encode_only:
-        tasks, added = build_tasks(args.ng_docs), {} if args.standard_pages else more_page_tasks()
-        for label in chosen or list(ENCODERS):
-            for task in tasks:
-                encoded_task(label, task, args.encode_only, tasks, added, {})
+        fill_cache(args.encode_only, chosen, args.ng_docs, more_pages=not args.standard_pages)
         sys.exit(0)
     result = main(
         encoders=chosen,

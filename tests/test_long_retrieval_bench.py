@@ -298,3 +298,31 @@ def test_each_test_cell_is_compared_with_the_issues_rules_not_with_a_new_lexical
     cell = bench.summarise(rr, {"t": {}}, {}, {})["models"]["m"]["test"]["t"]["vs_lexical"]
     assert "tfidf-bigrams" in bench.LEXICAL and "tfidf-bigrams" not in bench.COMPARED_RULES
     assert cell["rule"] in bench.COMPARED_RULES and cell["diff"] == pytest.approx(25.0)
+
+
+def test_filling_one_splits_cache_encodes_and_scores_each_of_its_tasks_and_no_other_split(bench, monkeypatch):
+    tasks = {
+        "man-part": {"val": (["q1"], ["d1"]), "test": (["q2"], ["d2"])},
+        "ng-thread": {"val": (["q3"], ["d3"]), "test": (["q4"], ["d4"])},
+    }
+    monkeypatch.setattr(bench, "build_tasks", lambda ng_docs: tasks)
+    monkeypatch.setattr(bench, "more_page_tasks", lambda: {"more": {"man-part": {"val": (["q5"], ["d5"])}}})
+    encoded, scored = [], []
+
+    def fake_encoded_task(label, task, split, own, blocks, timings):
+        encoded.append((label, task, split))
+        return {"queries": np.zeros((1, 2)), "candidates": np.zeros((1, 2))}
+
+    def fake_scores(label, task, split, vectors, texts, tokenizer=None):
+        scored.append((label, task, split, texts["queries"], texts["candidates"]))
+        return {}
+
+    monkeypatch.setattr(bench, "encoded_task", fake_encoded_task)
+    monkeypatch.setattr(bench, "configuration_scores", fake_scores)
+    bench.fill_cache("val", ["static"], ng_docs=150)
+    assert encoded == [("static", "man-part", "val"), ("static", "ng-thread", "val")]
+    # each task is scored on its own texts followed by the added pages', as the plain run scores it
+    assert scored == [
+        ("static", "man-part", "val", ["q1", "q5"], ["d1", "d5"]),
+        ("static", "ng-thread", "val", ["q3"], ["d3"]),
+    ]
