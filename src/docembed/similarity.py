@@ -185,8 +185,8 @@ def check_row(row: dict, docs: dict[str, str] | None, source: str, line_number: 
 
 def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: int):
     """(query key, candidate keys, whether the query is an id, whether the candidates are ids) of a row: a
-    "source" row is ids throughout; a "query" row's candidates are ids of `docs` when every one is (the
-    query finds the document it is about), else texts."""
+    "source" row is ids throughout; a "query" row's candidates are ids of `docs` when any one is (then
+    every one must be: the query finds the document it is about), else texts."""
     candidates = row.get("candidates")
     if not isinstance(candidates, list) or not candidates:
         raise InputFormatError(source, line_number, "'candidates' must be a non-empty list")
