@@ -36,7 +36,8 @@ into runs/. They join each split's candidates after its own pages, each set enco
 so the cache serves the runs with and without them (`--standard-pages`: the tasks without the added pages,
 nothing to download, the summary in runs/long_retrieval/long_retrieval_standard.json).
 Configurations: tf-idf and BM25 (fitted on each split's candidates; BM25 with docembed's plain analyzer and
-with the English one: stemming + stopwords), `static`, sbert's first window, sbert-chunks (the mean of its
+with the English one: stemming + stopwords), Paragraph Vectors (fitted on each split's candidates as a
+fusion's `pv` part is), `static`, sbert's first window, sbert-chunks (the mean of its
 windows, the `sbert` default), passage scoring over sbert's windows (the best window, MaxP, and a smooth
 max at each temperature of TEMPERATURES: log-mean-exp of the windows' cosines), the student (2,048-token
 windows averaged) and passage scoring over its late chunks, the retriever's passages and windows' mean,
@@ -294,6 +295,27 @@ def lexical_scores(name: str, queries: list[str], candidates: list[str]) -> np.n
     return np.asarray(model.similarity(model.encode(queries), model.encode(candidates)), dtype=np.float64)
 
 
+def fitted_pv_scores(task: str, split: str, queries: list[str], candidates: list[str]) -> np.ndarray:
+    """Paragraph Vectors fitted on the split's candidates, as a fusion such as `retriever+pv` fits
+    them (the fusion's own part, on one thread): the cosine of each query's vector with each candidate's,
+    cached by the texts (the fit and the inference take a few minutes per task split)."""
+    from docembed.models.fusion import UnfittedPart
+    from docembed.scoring import cosine_matrix
+
+    key = hashlib.sha1(json.dumps(["pv", queries, candidates]).encode()).hexdigest()[:16]
+    cache = WORK / "pv" / f"{task}-{split}-scores-{key}.npy"
+    if cache.exists():
+        return np.load(cache)
+    pv = UnfittedPart("pv").fit(candidates)
+    scores = cosine_matrix(pv.encode(queries), pv.encode(candidates)).astype(np.float64)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    partial = cache.with_name(f".{cache.stem}.{os.getpid()}.npy")
+    np.save(partial, scores)
+    os.replace(partial, cache)
+    print(f"[long_retrieval] pv: {task}/{split} fitted and scored", file=sys.stderr, flush=True)
+    return scores
+
+
 def encoded(label: str, task: str, split: str, texts: dict[str, list[str]], timings: dict) -> dict:
     """{"queries": vectors, "candidates": vectors} of one encoder on one task split, each side cached on disk
     by its own texts (new queries of a task do not encode its documents again)."""
@@ -480,6 +502,7 @@ SHIPPED = {
     "retriever": "retriever passages t=0.03, whole for long queries",
     "nugget": "nugget",
     "nugget-passages": "nugget passages t=0.03",
+    "pv": "pv",  # fitted on each split's candidates
 }
 
 
@@ -521,6 +544,9 @@ MODEL_PAIRS = (
     ("student-passages", "nugget-passages"),
     ("retriever", "nugget-passages"),
     ("student-passages", "retriever"),
+    ("student-passages", "pv"),
+    ("retriever", "pv"),
+    ("sbert-windows", "pv"),
 )
 SHIPPED_WEIGHTS = " (shipped weights)"  # the label of a fusion scored at the product's weights
 
@@ -682,7 +708,10 @@ def fill_cache(split: str, encoders: list[str] | None, ng_docs: int, more_pages:
     added = more_page_tasks() if more_pages else {}
     tasks = joined(own_tasks, added)
     tokenizer = late_chunk_tokenizer(encoders)
-    for label in encoders or list(ENCODERS):
+    if encoders is None or "pv" in encoders:
+        for task, by_split in tasks.items():
+            fitted_pv_scores(task, split, *by_split[split])
+    for label in [e for e in encoders or list(ENCODERS) if e != "pv"]:
         for task, by_split in tasks.items():
             queries, candidates = by_split[split]
             vectors = encoded_task(label, task, split, own_tasks, added, {})
@@ -723,6 +752,11 @@ def main(
             for split, (queries, candidates) in by_split.items():
                 matrix = lexical_scores(lexical, queries, candidates)
                 scores.setdefault(lexical, {}).setdefault(split, {})[task] = matrix
+    for task, by_split in tasks.items():  # Paragraph Vectors, fitted on the candidates as the rules are
+        for split, (queries, candidates) in by_split.items():
+            scores.setdefault("pv", {}).setdefault(split, {})[task] = fitted_pv_scores(
+                task, split, queries, candidates
+            )
     timings: dict[str, float] = {}
     tokenizer = late_chunk_tokenizer(encoders)
     from docembed.scoring import long_query_rows
@@ -793,7 +827,10 @@ def main(
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--encoders", help=f"comma-separated, of {', '.join(ENCODERS)} (default: all)")
+    parser.add_argument(
+        "--encoders",
+        help=f"comma-separated, of {', '.join(ENCODERS)}, pv (default: all; PV with --encode-only)",
+    )
     parser.add_argument("--ng-docs", type=int, default=150, help="joined 20 Newsgroups documents per split")
     standard = OUT_STANDARD.relative_to(ROOT)
     out_help = f"default: {OUT.relative_to(ROOT)} ({standard} with --standard-pages)"

@@ -361,3 +361,59 @@ def test_hybrid_search_refusals(capfd, tmp_path, tiny_sbert_dir):
         *("-m", f"{tiny_sbert_dir}+{tiny_sbert_dir}"),
     )
     assert two_models.code != 0 and "fuses two models" in two_models.err
+
+
+def test_a_corpus_fitted_second_part_is_fitted_on_the_documents(capfd, tmp_path, tiny_sbert_dir):
+    """`MODEL+pv` (`retriever+pv`): Paragraph Vectors fitted, as a lexical part is, on the documents
+    the fusion is fitted on, the same model every time (one thread), refitted on each new set of documents;
+    a saved fusion keeps its fitted PV inside and reloads with the same scores."""
+    from docembed.errors import ModelNotFoundError, UsageError
+    from docembed.models.registry import resolve_model
+    from docembed.scoring import cosine_matrix
+    from docembed.types import texts_hash
+
+    assert resolve_model("retriever+pv").parts[1].kind == "fitted"  # found before anything loads
+    with pytest.raises(ModelNotFoundError, match="train-pv"):  # alone, pv is still trained by the user
+        resolve_model("pv")
+    fusion = load_model(f"{tiny_sbert_dir}+pv")
+    assert isinstance(fusion, FusionScorer) and fusion.requires_fit and not fusion.hybrid
+    with pytest.raises(UsageError, match="pv in a fusion is fitted on the documents first"):
+        fusion.score_matrix(QUERIES, DOCS)
+    assert fusion.fit(DOCS) is fusion and not fusion.requires_fit
+    pv = fusion.model
+    assert pv.family == "pv" and pv.fitted_on == texts_hash(DOCS)
+    sbert = load_model(str(tiny_sbert_dir))
+    first = normalize_rows(cosine_matrix(sbert.encode(QUERIES), sbert.encode(DOCS)), "zscore")
+    second = normalize_rows(cosine_matrix(pv.encode(QUERIES), pv.encode(DOCS)), "zscore")
+    assert not np.allclose(first, second)
+    scores = fusion.score_matrix(QUERIES, DOCS)
+    np.testing.assert_allclose(scores, 0.5 * first + 0.5 * second, atol=1e-5)
+    again = load_model(f"{tiny_sbert_dir}+pv").fit(DOCS)
+    np.testing.assert_array_equal(again.score_matrix(QUERIES, DOCS), scores)  # reproducible
+    fusion.fit(DOCS[:4] + QUERIES)  # other documents: fitted anew on them
+    assert fusion.model is not pv and fusion.model.fitted_on == texts_hash(DOCS[:4] + QUERIES)
+
+    again.save(tmp_path / "f")
+    assert json.loads((tmp_path / "f" / "config.json").read_text())["config"]["model"] == "model"
+    loaded = load_model(str(tmp_path / "f"))
+    assert not loaded.requires_fit and loaded.model.family == "pv"
+    np.testing.assert_allclose(loaded.score_matrix(QUERIES, DOCS), scores, atol=1e-6)
+    loaded.fit(QUERIES)  # a saved fusion keeps the PV it was saved with
+    np.testing.assert_allclose(loaded.score_matrix(QUERIES, DOCS), scores, atol=1e-6)
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"query": q, "candidates": DOCS}) + "\n" for q in QUERIES))
+    result = invoke(capfd, "rerank", tasks, "-m", f"{tiny_sbert_dir}+pv")
+    assert result.code == 0, result.err
+    assert f"pv fitted on the {len(DOCS)} candidate documents" in result.err
+    top = [json.loads(line)["ranking"][0]["text"] for line in result.out.splitlines()]
+    assert top == [DOCS[int(np.argmax(row))] for row in scores]
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    out = tmp_path / "fitted"
+    result = invoke(
+        capfd, "fit", "fusion", corpus, "--lexical", tiny_sbert_dir, "-m", "pv", "--weight", "0.5", "-o", out
+    )
+    assert result.code == 0, result.err
+    np.testing.assert_allclose(load_model(str(out)).score_matrix(QUERIES, DOCS), scores, atol=1e-6)

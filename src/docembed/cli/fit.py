@@ -22,7 +22,12 @@ def fit(
         help="fusion: the first part, tfidf, tfidf-bigrams or bm25 (fitted on the corpus), or a model (two "
         "models: nothing is fitted).",
     ),
-    model: str = typer.Option("sbert", "--model", "-m", help="fusion: the model part (any --model value)."),
+    model: str = typer.Option(
+        "sbert",
+        "--model",
+        "-m",
+        help="fusion: the model part (any --model value, or pv: fitted on the corpus).",
+    ),
     validation: str = typer.Option(
         None,
         "--validation",

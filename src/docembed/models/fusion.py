@@ -7,8 +7,10 @@ candidates, each part's scores are normalised over the candidates (per query) an
     fused = (1 - weight) * norm(lexical) + weight * norm(model)
 
 In a fusion of two models the first one takes the lexical part's place (`lexical` in the config and on the
-object: the first part), scored by its own vectors; nothing is fitted, and `search` refuses it (its hybrid
-search fuses a vector index with a full-text one).
+object: the first part), scored by its own vectors, and `search` refuses it (its hybrid search fuses a vector
+index with a full-text one). Its second part may be a corpus-fitted model (`FITTED_FUSION_PARTS`: Paragraph
+Vectors, `retriever+pv`), fitted as tf-idf is on the documents the fusion is fitted on; otherwise nothing is
+fitted.
 
 `normalization` is "zscore" ((s - mean) / std; all equal -> 0), "minmax" ((s - min) / (max - min); all
 equal -> 0) or "rrf" (reciprocal rank fusion: 1 / (rrf_k + rank), rank 1 = best, ties in input order).
@@ -37,7 +39,8 @@ import numpy as np
 from docembed.errors import CorruptModelError, UsageError
 from docembed.models.base import Encoder, EncoderConfig, NotSupportedError, read_config, save_encoder
 from docembed.models.families import register
-from docembed.types import Vectors
+from docembed.models.registry import FITTED_FUSION_PARTS
+from docembed.types import Vectors, texts_hash
 
 NORMALIZATIONS = ("zscore", "minmax", "rrf")
 LEXICAL_FAMILIES = ("tfidf", "bm25")
@@ -73,8 +76,16 @@ VALIDATED_WEIGHTS: dict[tuple[str, str], float] = {
     # kinds of query
     ("student-passages", "nugget-passages"): 0.35,
     ("retriever", "nugget-passages"): 0.25,
+    # Paragraph Vectors fitted on the candidates, a vector learned from each document's own words: with the
+    # retriever, the best configuration without a lexical part on the same val splits (2026-11-29); with
+    # the student's passages level with it there (-0.19 +- 0.57) but far behind tf-idf on prose halves
+    # (evaluate halves: -7.4), kept for measuring, not recommended
+    ("retriever", "pv"): 0.35,
+    ("student-passages", "pv"): 0.4,
 }
 VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
+    ("retriever", "pv"): 0.0,  # a long query: the retriever's windows read whole, alone
+    ("student-passages", "pv"): 0.1,
     ("tfidf-bigrams", "student-passages"): 0.65,
     ("tfidf-bigrams", "retriever"): 1.0,
     ("tfidf-bigrams", "sbert-windows"): 0.7,
@@ -88,6 +99,7 @@ VALIDATED_LONG_QUERY_WEIGHTS: dict[tuple[str, str], float] = {
 VALIDATED_ON = "the val splits of docembed's six long-document retrieval tasks (bench_long_retrieval)"
 WEIGHT_GRID = tuple(round(0.05 * i, 2) for i in range(21))
 LEXICAL_FOLDER = "lexical"
+MODEL_FOLDER = "model"  # a corpus-fitted second part, saved inside the fusion folder
 
 # how the model part's texts become vectors: (model, texts) -> vectors (callers above pass the encode loop
 # or the evaluation's embedding cache; the default is the model's own encode)
@@ -143,6 +155,39 @@ def fuse(lexical: np.ndarray, model: np.ndarray, weight, method: str, rrf_k: int
     )
 
 
+class UnfittedPart:
+    """A fusion's corpus-fitted second part (FITTED_FUSION_PARTS) before the fusion is fitted: a name, and
+    nothing to encode with yet. `fit(texts)` returns the fitted model."""
+
+    scorer_only = False
+    vectors_are_passages = False
+    requires_fit = True
+    source = None
+
+    def __init__(self, name: str):
+        self.name = self.family = name
+
+    def to(self, device: str) -> UnfittedPart:
+        return self
+
+    def encode(self, texts: Sequence[str], batch_size: int = 32):
+        raise UsageError(
+            f"{self.name} in a fusion is fitted on the documents first: fit the fusion (rerank and evaluate "
+            "fit it on the candidates or the task's fitting texts, `docembed fit fusion` on a corpus)"
+        )
+
+    def fit(self, texts: Sequence[str]) -> Encoder:
+        """Paragraph Vectors with train-pv's settings, trained on one thread: gensim's threads change the
+        order of the updates, and so the vectors, from run to run; one thread gives the same model each time
+        (and `fitted_on` keeps the embedding cache apart for each fit)."""
+        from docembed.models.paragraph_vector import PVConfig, fit_pv
+
+        texts = list(texts)
+        model = fit_pv(texts, PVConfig(workers=1))
+        model.name, model.fitted_on = self.name, texts_hash(texts)
+        return model
+
+
 @register
 class FusionScorer(Encoder):
     """A lexical scorer (or a first model) and a docembed model, fused per query (module docstring)."""
@@ -188,24 +233,26 @@ class FusionScorer(Encoder):
         lexical_part = load_model(lexical, device)  # or the first model
         if lexical_part.family == "tfidf" and lexical_part.requires_fit:  # a built-in, fitted on candidates
             lexical_part.config.svd_dim = 0
-        return cls(
-            FusionConfig(lexical=lexical, model=model, **config), lexical_part, load_model(model, device)
-        )
+        model_part = UnfittedPart(model) if model in FITTED_FUSION_PARTS else load_model(model, device)
+        return cls(FusionConfig(lexical=lexical, model=model, **config), lexical_part, model_part)
 
     # --- fitting --------------------------------------------------------------------------------------
     @property
     def requires_fit(self) -> bool:
-        return self.lexical.requires_fit
+        return self.lexical.requires_fit or self.model.requires_fit
 
     @property
     def fitted_on(self):
-        return getattr(self.lexical, "fitted_on", None)
+        return getattr(self.lexical, "fitted_on", None) or getattr(self.model, "fitted_on", None)
 
     def fit(self, texts: Sequence[str]) -> FusionScorer:
-        """Fit the lexical part's corpus statistics on `texts` (a model part is used as it is: a fusion of
-        two models has nothing to fit)."""
+        """Fit the lexical part's corpus statistics on `texts`, and a corpus-fitted second part (pv) on them
+        anew; a model part is otherwise used as it is."""
+        texts = list(texts)
         if self.hybrid:
-            self.lexical.fit(list(texts))
+            self.lexical.fit(texts)
+        if self.config.model in FITTED_FUSION_PARTS:
+            self.model = UnfittedPart(self.config.model).fit(texts)
         return self
 
     # --- scoring --------------------------------------------------------------------------------------
@@ -360,10 +407,11 @@ class FusionScorer(Encoder):
 
     # --- save / load ----------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> None:
-        """config.json naming both parts; a fitted lexical part is saved inside, as `lexical/` (a first model
-        is named as the model part is)."""
-        if self.lexical.requires_fit:
-            raise UsageError(f"{self.name}: fit the lexical part before saving the fusion")
+        """config.json naming both parts; a fitted lexical part is saved inside, as `lexical/`, and so is a
+        corpus-fitted second part, as `model/` (a first model is named as the model part is)."""
+        if self.requires_fit:
+            unfitted = self.lexical if self.lexical.requires_fit else self.model
+            raise UsageError(f"{self.name}: fit the fusion ({unfitted.name}) before saving it")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         from docembed.models.registry import BUILTIN
@@ -373,7 +421,10 @@ class FusionScorer(Encoder):
             self.config.lexical = LEXICAL_FOLDER
         elif self.config.lexical not in BUILTIN:
             self.config.lexical = self.lexical.source or self.config.lexical
-        if self.config.model not in BUILTIN:  # a folder: by its full path
+        if self.config.model in FITTED_FUSION_PARTS or self.config.model == MODEL_FOLDER:
+            self.model.save(directory / MODEL_FOLDER)
+            self.config.model = MODEL_FOLDER
+        elif self.config.model not in BUILTIN:  # a folder: by its full path
             self.config.model = self.model.source or self.config.model
         self.write_config(directory)
 
@@ -466,7 +517,8 @@ def fit_fusion(
     if corpus is not None:
         fusion.fit(list(corpus))
     elif fusion.requires_fit:
-        raise UsageError(f"{fusion.lexical.name} is not fitted: give a corpus to fit it on")
+        unfitted = fusion.lexical if fusion.lexical.requires_fit else fusion.model
+        raise UsageError(f"{unfitted.name} is not fitted: give a corpus to fit it on")
     if not validation:
         raise UsageError("choosing the fusion weight needs validation queries with a right answer")
     lexical, model, golds, long = [], [], [], []

@@ -170,6 +170,12 @@ FIT_COMMANDS: dict[str, str] = {
 }
 
 
+# corpus-fitted families a fusion may name as its second part (`retriever+pv`): fitted, as a lexical part is,
+# on the documents the fusion is fitted on (the candidates in rerank, a task's fitting texts in evaluate, the
+# corpus in `fit fusion`; models/fusion.py)
+FITTED_FUSION_PARTS = ("pv",)
+
+
 # Cards of corpus-fitted families (what the family is good for, how long fitting takes here, its measured
 # numbers): they ship as package data beside this module, as the zoo's cards ship beside their weights.
 FIT_CARDS_DIR = Path(__file__).parent / "cards"
@@ -251,8 +257,9 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]{0,95}/[\w.-]{1,96}")
 @dataclass(frozen=True)
 class ResolvedModel:
     """What a model spec is, found without importing torch or loading anything (`resolve_model`): `kind` is
-    "folder" (a saved model at `path`), "builtin" (`name`), "fusion" (`parts`: lexical, model), or "hub"
-    (`name`, a hub id). `spec` is what the user wrote."""
+    "folder" (a saved model at `path`), "builtin" (`name`), "fusion" (`parts`: lexical, model), "fitted" (a
+    fusion's corpus-fitted second part, fitted with it), or "hub" (`name`, a hub id). `spec` is what the
+    user wrote."""
 
     spec: str
     kind: str
@@ -312,7 +319,11 @@ def resolve_model(spec: str) -> ResolvedModel:
             return ResolvedModel(spec, "folder", candidate.name, candidate)
     if "+" in spec and not path.exists() and all(spec.split("+", 1)):  # `bm25+sbert`: a fusion
         lexical, model = spec.split("+", 1)
-        return ResolvedModel(spec, "fusion", spec, parts=(resolve_model(lexical), resolve_model(model)))
+        # a corpus-fitted second part (`retriever+pv`) is fitted with the fusion: nothing to find now
+        second = (
+            ResolvedModel(model, "fitted", model) if model in FITTED_FUSION_PARTS else resolve_model(model)
+        )
+        return ResolvedModel(spec, "fusion", spec, parts=(resolve_model(lexical), second))
     if spec in BUILTIN:
         return ResolvedModel(spec, "builtin", spec)
     alias = ALIASES.get(spec.lower())
