@@ -59,14 +59,10 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
         # +-1): the exact tf-idf rows, which the evaluator and a fusion's tfidf part score with
         model.config.svd_dim = 0
         what += " (exact tf-idf rows: fewer documents than its LSA size)"
-    fitted = [
-        p.name
-        for p in (getattr(model, "lexical", None), getattr(model, "model", None))
-        if p and p.requires_fit
-    ]
+    fitting = [part.name for part in model.unfitted_parts()] if hasattr(model, "unfitted_parts") else None
     model.fit(texts)
-    if hasattr(model, "lexical"):
-        log(f"{model.name}: {' and '.join(fitted)} fitted on the {what}; {_fusion_weight(model)}")
+    if fitting is not None:  # a fusion: which of its parts were fitted
+        log(f"{model.name}: {' and '.join(fitting)} fitted on the {what}; {_fusion_weight(model)}")
     else:
         log(f"{model.name} fitted on the {what}")
     return rows

@@ -237,9 +237,13 @@ class FusionScorer(Encoder):
         return cls(FusionConfig(lexical=lexical, model=model, **config), lexical_part, model_part)
 
     # --- fitting --------------------------------------------------------------------------------------
+    def unfitted_parts(self) -> list:
+        """The parts `fit` has yet to fit, the first part first (a lexical part, a corpus-fitted pv)."""
+        return [part for part in (self.lexical, self.model) if part.requires_fit]
+
     @property
     def requires_fit(self) -> bool:
-        return self.lexical.requires_fit or self.model.requires_fit
+        return bool(self.unfitted_parts())
 
     @property
     def fitted_on(self):
@@ -409,9 +413,8 @@ class FusionScorer(Encoder):
     def save(self, directory: str | Path) -> None:
         """config.json naming both parts; a fitted lexical part is saved inside, as `lexical/`, and so is a
         corpus-fitted second part, as `model/` (a first model is named as the model part is)."""
-        if self.requires_fit:
-            unfitted = self.lexical if self.lexical.requires_fit else self.model
-            raise UsageError(f"{self.name}: fit the fusion ({unfitted.name}) before saving it")
+        if unfitted := self.unfitted_parts():
+            raise UsageError(f"{self.name}: fit the fusion ({unfitted[0].name}) before saving it")
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         from docembed.models.registry import BUILTIN
@@ -516,9 +519,8 @@ def fit_fusion(
 
     if corpus is not None:
         fusion.fit(list(corpus))
-    elif fusion.requires_fit:
-        unfitted = fusion.lexical if fusion.lexical.requires_fit else fusion.model
-        raise UsageError(f"{unfitted.name} is not fitted: give a corpus to fit it on")
+    elif unfitted := fusion.unfitted_parts():
+        raise UsageError(f"{unfitted[0].name} is not fitted: give a corpus to fit it on")
     if not validation:
         raise UsageError("choosing the fusion weight needs validation queries with a right answer")
     lexical, model, golds, long = [], [], [], []
