@@ -220,3 +220,38 @@ def test_rerank_with_tfidf_fitted_on_a_few_candidates_scores_the_exact_rows(tmp_
     assert [r["text"] for r in ranking] == ["the cat slept", "a dog barked"]
     assert ranking[0]["score"] > 0.3 and ranking[1]["score"] == 0.0
     assert "exact tf-idf rows" in result.err
+
+
+def test_rerank_with_tfidf_scores_the_exact_rows_whatever_the_number_of_candidates(tmp_path, capfd):
+    """`rerank -m tfidf` is the rule `evaluate` and the results page measure, the cosine of the exact tf-idf
+    rows, with more candidates than the LSA size (256) too: it used to score an LSA projection there, so the
+    rule changed with the number of candidates. A folder fitted with `--svd-dim 0` scores the same rows
+    (sparse, never a vocabulary-wide dense copy), in `rerank` and in `similarity`."""
+    import random
+
+    from cli_helpers import invoke
+
+    rng = random.Random(0)
+    words = [f"w{i}" for i in range(400)]
+    candidates = list(dict.fromkeys(" ".join(rng.choices(words, k=12)) for _ in range(300)))
+    query = " ".join(rng.choices(words, k=6))
+    rows = TfidfEncoder(TfidfConfig(svd_dim=0)).fit(candidates).encode_sparse([query, *candidates])
+    exact = (rows[1:] @ rows[0].T).toarray().ravel()
+    assert np.sort(exact)[-10] > 0  # the query shares words with several candidates: a ranking to check
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": query, "candidates": candidates}) + "\n")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(candidates) + "\n")
+    assert invoke(capfd, "-q", "fit", "tfidf", corpus, "-o", tmp_path / "exact", "--svd-dim", "0").code == 0
+    for model in ("tfidf", tmp_path / "exact"):
+        result = invoke(capfd, "rerank", tasks, "-m", model)
+        assert result.code == 0, result.err
+        scores = {r["text"]: r["score"] for r in json.loads(result.out)["ranking"]}
+        np.testing.assert_allclose([scores[c] for c in candidates], exact, atol=2e-6)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"text1": query, "text2": c}) + "\n" for c in candidates[:20]))
+    result = invoke(capfd, "similarity", "--pairs", pairs, "-m", tmp_path / "exact")
+    assert result.code == 0, result.err
+    paired = [json.loads(line)["score"] for line in result.out.splitlines()]
+    np.testing.assert_allclose(paired, exact[:20], atol=2e-6)

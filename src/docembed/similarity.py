@@ -34,6 +34,8 @@ def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str],
     if getattr(model, "scorer_only", False):
         return np.array([model.score(a, [b])[0] for a, b in zip(left, right, strict=True)], dtype=np.float32)
     left_vectors, right_vectors = _encode(model, left, batch_size), _encode(model, right, batch_size)
+    if _sparse_rows(model):
+        return np.asarray(left_vectors.multiply(right_vectors).sum(axis=1), dtype=np.float32).ravel()
     return score_pairs(left_vectors, right_vectors, *passage_scoring(model))
 
 
@@ -54,11 +56,12 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
         candidates = (c for _, row in rows for c in row.get("candidates") or [] if isinstance(c, str))
         texts = list(dict.fromkeys(candidates))
     what = f"{len(texts)} candidate documents of {source}"
-    if model.family == "tfidf" and model.config.svd_dim > 0 and len(texts) <= model.config.svd_dim:
-        # an LSA of fewer documents than its size is no rule (two candidates: one dimension, every score
-        # +-1): the exact tf-idf rows, which the evaluator and a fusion's tfidf part score with
+    if model.family == "tfidf":
+        # the exact tf-idf rows, as `evaluate`, a fusion's built-in tfidf part and the results page score
+        # them: an LSA projection fitted on the candidates would change the rule with their number (of
+        # two candidates, one dimension, where every cosine is +-1)
         model.config.svd_dim = 0
-        what += " (exact tf-idf rows: fewer documents than its LSA size)"
+        what += " (exact tf-idf rows)"
     fitting = [part.name for part in model.unfitted_parts()] if hasattr(model, "unfitted_parts") else None
     model.fit(texts)
     if fitting is not None:  # a fusion: which of its parts were fitted
@@ -78,8 +81,20 @@ def _fusion_weight(fusion) -> str:
 
 
 def _encode(model: Encoder, texts: Sequence[str], batch_size: int) -> Vectors:
-    """model.encode on what the model reads of each text (a huge text is cut first, as encode_texts does)."""
+    """model.encode on what the model reads of each text (a huge text is cut first, as encode_texts does);
+    tf-idf without an LSA projection: its exact rows, sparse (a dense copy is as wide as the vocabulary)."""
+    if _sparse_rows(model):
+        return model.encode_sparse(capped(model, texts))
     return model.encode(capped(model, texts), batch_size=batch_size)
+
+
+def _sparse_rows(model) -> bool:
+    return "sparse" in getattr(model, "capabilities", ()) and getattr(model, "components", None) is None
+
+
+def _sparse_cosines(queries, candidates) -> np.ndarray:
+    """Cosines of l2-normalised sparse rows: every query (rows) against every candidate."""
+    return np.asarray((queries @ candidates.T).todense(), dtype=np.float32)
 
 
 def _take(vectors: Vectors, index: int) -> Vectors:
@@ -121,6 +136,8 @@ def rerank_rows(
         for query_key, candidate_keys, query_id, candidate_ids, q, c in plans:
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
+            elif _sparse_rows(model):
+                scores = _sparse_cosines(_take(vectors, q), _gather(vectors, c))[0]
             else:
                 scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), *passage_scoring(model))
             key = "id" if candidate_ids else "text"
