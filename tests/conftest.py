@@ -73,11 +73,12 @@ def tiny_sbert_tokens_dir(tiny_bert_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_tfidf_dir(tmp_path_factory) -> str:
-    """A tf-idf fitted on 16 texts of the words w0..w63: the fault tests' model (their corpora use those)."""
+    """A tf-idf fitted on 16 texts of the words w0..w63, with an LSA of 8 dimensions: the fault tests' model
+    (their corpora use those words)."""
     from docembed.models.baselines import TfidfConfig, TfidfEncoder
 
     words = [f"w{i}" for i in range(64)]
     directory = tmp_path_factory.mktemp("tiny_tfidf") / "tfidf"
     texts = [" ".join(words[i : i + 8]) for i in range(0, 64, 4)]
-    TfidfEncoder(TfidfConfig(), name="tiny").fit(texts).save(directory)
+    TfidfEncoder(TfidfConfig(svd_dim=8), name="tiny").fit(texts).save(directory)
     return str(directory)

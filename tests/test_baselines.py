@@ -61,6 +61,22 @@ def test_tfidf_sparse_rows_are_sublinear_and_normalised():
     assert dense.shape == (1, len(vocab)) and dense.dtype == np.float32
 
 
+def test_tfidf_projects_only_when_an_lsa_reduces():
+    """An LSA is kept only of more documents and terms than its size: of fewer it dropped a real dimension
+    (of two documents it kept one, where every cosine is +-1, so `load("tfidf").fit(two texts)` scored both
+    1.0); the exact rows are kept instead, and rank by the words the texts share."""
+    import docembed
+
+    docs = ["a dog barked", "the cat slept"]
+    model = docembed.load("tfidf").fit(docs)
+    scores = model.similarity("cat", docs)[0]
+    assert scores[0] == 0.0 and scores[1] > 0.3
+    vocabulary = model.encoder.vectorizer.vocabulary_
+    assert model.encoder.components is None and model.encode(docs).shape == (2, len(vocabulary))
+    assert TfidfEncoder(TfidfConfig(svd_dim=3)).fit(CORPUS).components.shape[0] == 3
+    assert TfidfEncoder(TfidfConfig(svd_dim=len(CORPUS))).fit(CORPUS).components is None
+
+
 def test_tfidf_save_load_round_trip_with_svd(tmp_path):
     model = TfidfEncoder(TfidfConfig(svd_dim=3)).fit(CORPUS)
     before = model.encode(["the cat sat", "market"])

@@ -221,7 +221,7 @@ def test_a_fitted_tfidf_folder_and_a_multi_vector_model(tmp_path, tiny_tfidf_dir
     from docembed.models.fusion import normalize_rows
 
     tfidf = load_model(tiny_tfidf_dir)
-    assert tfidf.components is not None  # this folder projects (svd_dim), as the default tfidf does
+    assert tfidf.components is not None  # this folder projects (svd_dim)
     own = tfidf.encode(queries) @ tfidf.encode(docs).T
     np.testing.assert_allclose(
         fusion.score_matrix(queries, docs, weight=0.0), normalize_rows(own, "zscore"), atol=1e-5

@@ -7,9 +7,10 @@ evaluator uses: `requires_fit` is true until `fit(texts)` has run (or a fitted m
 
 Output of `tfidf.encode()`: tf-idf rows (sublinear tf, l2-normalised) are sparse and as wide as the
 vocabulary, so encode() returns dense float32 rows of a fixed-size TruncatedSVD projection (LSA,
-`svd_dim`, default 256), re-normalised to unit length; with `svd_dim=0` it returns the dense l2-normalised
-tf-idf rows themselves (vocabulary-wide: only for small vocabularies). The evaluator scores tfidf with the
-exact sparse rows (`encode_sparse`), so the published "TF-IDF cosine" numbers are what it measures.
+`svd_dim`, default 256), re-normalised to unit length; with `svd_dim=0`, or when fitted on no more documents
+(or terms) than `svd_dim`, it returns the dense l2-normalised tf-idf rows themselves (vocabulary-wide). The
+evaluator scores tfidf with the exact sparse rows (`encode_sparse`), so the published "TF-IDF cosine" numbers
+are what it measures.
 
 `bm25` is a scorer, not an embedding: `score(query, candidates)` is Okapi BM25 (k1=1.2, b=0.75) with idf
 and average length from the fitted corpus. encode() refuses with a clear message.
@@ -151,14 +152,14 @@ class TfidfEncoder(FittedBaseline):
         self.vectorizer = self._new_vectorizer()
         matrix = self.vectorizer.fit_transform(texts)
         self.components = None
-        if self.config.svd_dim > 0:
+        # an LSA is a reduction only of more documents and terms than its size: of fewer it dropped a real
+        # dimension (of two documents it kept one, where every cosine is +-1), so the exact rows are kept
+        if 0 < self.config.svd_dim < min(matrix.shape):
             from sklearn.decomposition import TruncatedSVD
 
-            k = min(self.config.svd_dim, matrix.shape[1] - 1, matrix.shape[0] - 1)
-            if k >= 1:
-                svd = TruncatedSVD(n_components=k, random_state=self.config.seed)
-                svd.fit(matrix)
-                self.components = svd.components_.astype(np.float32)
+            svd = TruncatedSVD(n_components=self.config.svd_dim, random_state=self.config.seed)
+            svd.fit(matrix)
+            self.components = svd.components_.astype(np.float32)
         self.fitted_on = texts_hash(texts)
         return self
 
