@@ -73,6 +73,8 @@ def test_tfidf_projects_only_when_an_lsa_reduces():
     assert scores[0] == 0.0 and scores[1] > 0.3
     vocabulary = model.encoder.vectorizer.vocabulary_
     assert model.encoder.components is None and model.encode(docs).shape == (2, len(vocabulary))
+    dense = model.encode(["cat", *docs])  # the sparse scoring gives the cosines of the dense rows
+    np.testing.assert_allclose(scores, dense[1:] @ dense[0], atol=1e-6)
     assert TfidfEncoder(TfidfConfig(svd_dim=3)).fit(CORPUS).components.shape[0] == 3
     assert TfidfEncoder(TfidfConfig(svd_dim=len(CORPUS))).fit(CORPUS).components is None
 

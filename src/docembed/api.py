@@ -288,6 +288,10 @@ class Model:
         per query)."""
         if getattr(self.encoder, "scorer_only", False):
             return self._scorer_similarity(a, b)
+        if getattr(self.encoder, "scores_exact_rows", False) and _are_texts(a) and _are_texts(b):
+            # tf-idf without an LSA: its exact rows, scored sparse as `rerank` scores them
+            left, right = (self.encoder.encode_sparse([v] if isinstance(v, str) else v) for v in (a, b))
+            return np.asarray((left @ right.T).todense(), dtype=np.float32)
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
@@ -363,6 +367,12 @@ def quantize_embeddings(embeddings: Vectors, precision: str = "int8", calibratio
         flat = quantize(embeddings.vectors, precision, calibration_embeddings=calibration)
         return MultiVectors(flat, embeddings.offsets, embeddings.positions)
     return quantize(np.asarray(embeddings), precision, calibration_embeddings=calibration_embeddings)
+
+
+def _are_texts(value) -> bool:
+    return isinstance(value, str) or (
+        isinstance(value, (list, tuple)) and bool(value) and all(isinstance(v, str) for v in value)
+    )
 
 
 def _unknown_keywords(unknown: dict[str, Any]) -> None:

@@ -89,7 +89,7 @@ def _encode(model: Encoder, texts: Sequence[str], batch_size: int) -> Vectors:
 
 
 def _sparse_rows(model) -> bool:
-    return "sparse" in getattr(model, "capabilities", ()) and getattr(model, "components", None) is None
+    return getattr(model, "scores_exact_rows", False)
 
 
 def _sparse_cosines(queries, candidates) -> np.ndarray:

@@ -208,6 +208,11 @@ class TfidfEncoder(FittedBaseline):
         return True
 
     @property
+    def scores_exact_rows(self) -> bool:
+        """No LSA projection: it scores its exact rows, sparse (a dense copy is as wide as the vocabulary)."""
+        return self.components is None
+
+    @property
     def dim(self) -> int:
         self._check_fitted()
         return len(self.components) if self.components is not None else len(self.vectorizer.vocabulary_)
