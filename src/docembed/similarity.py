@@ -58,8 +58,7 @@ def fit_on_candidates(model: Encoder, rows: Iterable[tuple[int, dict]], source: 
     what = f"{len(texts)} candidate documents of {source}"
     if model.family == "tfidf":
         # the exact tf-idf rows, as `evaluate`, a fusion's built-in tfidf part and the results page score
-        # them: an LSA projection fitted on the candidates would change the rule with their number (of
-        # two candidates, one dimension, where every cosine is +-1)
+        # them: an LSA fitted on the candidates would make the rule depend on how many there are
         model.config.svd_dim = 0
         what += " (exact tf-idf rows)"
     fitting = [part.name for part in model.unfitted_parts()] if hasattr(model, "unfitted_parts") else None
