@@ -107,7 +107,8 @@ def main() -> None:
         print(f"[demo] skipping {name}: its weights are not in the package yet (`make zoo`)", file=sys.stderr)
 
     pv_dir, tfidf_dir = OUT / "pv", OUT / "tfidf"
-    run("train-pv", str(corpus), "-o", str(pv_dir), "--epochs", "20", "--dim", "100")
+    # one training thread: gensim's threads interleave updates, so two runs of the demo would differ
+    run("train-pv", str(corpus), "-o", str(pv_dir), "--epochs", "20", "--dim", "100", "--workers", "1")
     run("fit", "tfidf", str(corpus), "-o", str(tfidf_dir))
     # the zoo models encode a 100-paragraph sample (the student reads up to 4,096 tokens: slow on 2 cores)
     sample = OUT / "sample.jsonl"
