@@ -290,8 +290,10 @@ class Model:
             return self._scorer_similarity(a, b)
         if getattr(self.encoder, "scores_exact_rows", False) and _are_texts(a) and _are_texts(b):
             # tf-idf without an LSA: its exact rows, scored sparse as `rerank` scores them
+            from docembed.models.baselines import sparse_cosines
+
             left, right = (self.encoder.encode_sparse([v] if isinstance(v, str) else v) for v in (a, b))
-            return np.asarray((left @ right.T).todense(), dtype=np.float32)
+            return sparse_cosines(left, right).astype(np.float32)
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
             raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")

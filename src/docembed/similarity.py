@@ -14,6 +14,7 @@ from docembed.encoding import capped
 from docembed.errors import InputFormatError
 from docembed.io.readers import batched
 from docembed.models.base import Encoder
+from docembed.models.baselines import sparse_cosines
 from docembed.passages import passage_part
 from docembed.scoring import (
     best_passages,
@@ -35,7 +36,7 @@ def similarity_scores(model: Encoder, left: Sequence[str], right: Sequence[str],
         return np.array([model.score(a, [b])[0] for a, b in zip(left, right, strict=True)], dtype=np.float32)
     left_vectors, right_vectors = _encode(model, left, batch_size), _encode(model, right, batch_size)
     if _sparse_rows(model):
-        return np.asarray(left_vectors.multiply(right_vectors).sum(axis=1), dtype=np.float32).ravel()
+        return sparse_cosines(left_vectors, right_vectors, pairs=True).astype(np.float32)
     return score_pairs(left_vectors, right_vectors, *passage_scoring(model))
 
 
@@ -91,11 +92,6 @@ def _sparse_rows(model) -> bool:
     return getattr(model, "scores_exact_rows", False)
 
 
-def _sparse_cosines(queries, candidates) -> np.ndarray:
-    """Cosines of l2-normalised sparse rows: every query (rows) against every candidate."""
-    return np.asarray((queries @ candidates.T).todense(), dtype=np.float32)
-
-
 def _take(vectors: Vectors, index: int) -> Vectors:
     if isinstance(vectors, MultiVectors):
         return vectors.select([index])
@@ -136,7 +132,7 @@ def rerank_rows(
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
             elif _sparse_rows(model):
-                scores = _sparse_cosines(_take(vectors, q), _gather(vectors, c))[0]
+                scores = sparse_cosines(_take(vectors, q), _gather(vectors, c))[0].astype(np.float32)
             else:
                 scores = score_one_to_many(_take(vectors, q), _gather(vectors, c), *passage_scoring(model))
             key = "id" if candidate_ids else "text"

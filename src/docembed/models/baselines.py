@@ -251,6 +251,14 @@ class TfidfEncoder(FittedBaseline):
         return model
 
 
+def sparse_cosines(left, right, pairs: bool = False) -> np.ndarray:
+    """Cosines of l2-normalised sparse rows (tf-idf's exact rows): every left row against every right row,
+    or (`pairs`) left[i] against right[i]."""
+    if pairs:
+        return np.asarray(left.multiply(right).sum(axis=1), dtype=np.float64).ravel()
+    return np.asarray((left @ right.T).todense(), dtype=np.float64)
+
+
 # --- BM25 -------------------------------------------------------------------------------------------------
 def bm25_idf(doc_freq, num_docs: int):
     """ln(1 + (N - df + 0.5) / (df + 0.5)), elementwise (never negative)."""

@@ -323,10 +323,10 @@ class FusionScorer(Encoder):
                 return (q.astype(np.float64) * c).sum(axis=1)
             return q.astype(np.float64) @ c.T.astype(np.float64)
         if self.lexical.family == "tfidf":
+            from docembed.models.baselines import sparse_cosines
+
             q, c = self.lexical.encode_sparse(queries), self.lexical.encode_sparse(candidates)
-            if pairs:
-                return np.asarray(q.multiply(c).sum(axis=1), dtype=np.float64).ravel()
-            return np.asarray((q @ c.T).todense(), dtype=np.float64)
+            return sparse_cosines(q, c, pairs)
         if pairs:
             return np.array([self.lexical.score(a, [b])[0] for a, b in zip(queries, candidates, strict=True)])
         return np.asarray(self.lexical.score_matrix(queries, candidates), dtype=np.float64)
