@@ -34,6 +34,10 @@ def files(tmp_path):
     (tmp_path / "broken.jsonl").write_text('{"id": "a", "text": "one}\n')
     (tmp_path / "pairs.jsonl").write_text(json.dumps({"text1": "a", "text2": "b"}) + "\n")
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"source": "a", "candidates": ["b"]}) + "\n")
+    (tmp_path / "repeated.jsonl").write_text(
+        json.dumps({"source": "a", "candidates": ["b", "a", "b"]}) + "\n"
+    )
+    (tmp_path / "queries.jsonl").write_text(json.dumps({"query": "a", "candidates": ["one", "two"]}) + "\n")
     return tmp_path
 
 
@@ -106,6 +110,15 @@ def test_a_folder_without_a_model_is_refused_by_the_resolver(tmp_path):
         (["similarity", "a", "b", "-m", "{d}/models/student"], "no model folder"),
         (["rerank", "{d}/tasks.jsonl", "-m", "sbert"], "need --docs"),
         (["rerank", "{d}/tasks.jsonl", "--docs", "{d}/pairs.jsonl", "-m", "sbert"], "text field 'text'"),
+        (["rerank", "{d}/tasks.jsonl", "-d", "{d}/docs.jsonl", "-m", "sbert", "--passages"], "are passages"),
+        (
+            ["rerank", "{d}/tasks.jsonl", "-d", "{d}/docs.jsonl", "-m", "tfidf+student", "--passages"],
+            "passages",
+        ),
+        (["rerank", "{d}/queries.jsonl", "-m", "sbert", "--output-format", "trec"], "needs id rows"),
+        (["rerank", "{d}/repeated.jsonl", "-d", "{d}/docs.jsonl", "-m", "sbert"], "ids given twice: b"),
+        (["similarity", "a", "b", "-m", "bm25+sbert"], "a single pair needs"),
+        (["similarity", "--pairs", "{d}/pairs.jsonl", "-m", "tfidf+retriever"], "a single pair needs"),
         (["inspect", "{d}/docs.jsonl", "-m", "{d}/models/nugget"], "no model folder"),
         (["export", "sbrt", "-o", "{d}/out"], "did you mean 'sbert'"),
         (["train-setenc", "{d}/missing.jsonl", "-o", "{d}/se"], "input file not found"),
@@ -133,6 +146,17 @@ def test_search_checks_its_query_file_and_model_before_loading(capfd, files, mon
     assert missing.code == 1 and "input file not found" in missing.err
     wrong = invoke(capfd, "search", files / "e.index", "--query", "x", "-m", files / "models" / "nugget")
     assert wrong.code == 1 and "no model folder" in wrong.err
+    both = invoke(capfd, "search", files / "e.index", "--query", "x", "--queries", files / "docs.jsonl")
+    assert both.code == 2 and "not both" in both.err  # else the file's rows were the only queries
+    liked = invoke(capfd, "search", files / "e.index", "--id", "a", "--hybrid")
+    assert liked.code == 2 and "--hybrid fuses a query text" in liked.err  # else plain cosines, silently
+    lexical = files / "b.index"
+    assert invoke(capfd, "-q", "index", "build", files / "docs.jsonl", "-t", "bm25", "-o", lexical).code == 0
+    for spec, expected in (("glove-avg", "LEXICAL+MODEL"), ("tfidf+glove-avg", "lexical part is tfidf")):
+        hybrid = invoke(
+            capfd, "search", files / "e.index", "--lexical-index", lexical, "--query", "x", "-m", spec
+        )
+        assert hybrid.code == 2 and expected in hybrid.err, hybrid.err
 
 
 def test_a_json_error_says_where_on_the_line(capfd, files):

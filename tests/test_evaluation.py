@@ -381,3 +381,15 @@ def test_evaluate_help_names_every_task_and_group():
 
     named = set(re.findall(r"[a-z0-9]+(?:-[a-z0-9]+)*", TASK_HELP))
     assert set(TASKS) <= named and set(GROUPS) <= named
+
+
+def test_the_evaluate_table_lists_summary_metrics_not_per_query_values(capfd, data_root, tmp_path):
+    from cli_helpers import invoke
+
+    result = invoke(
+        capfd, "evaluate", "pi", "-m", "tfidf", "--fast", "--data-root", data_root, "-o", tmp_path / "results"
+    )
+    assert result.code == 0, result.err
+    assert "per_item" not in result.err and "other metrics" in result.err
+    saved = json.loads((tmp_path / "results" / "paraphrase-identification__tfidf.json").read_text())
+    assert len(saved["metrics"]["per_item"]["mrr"]) > 1  # the values are kept in the result file

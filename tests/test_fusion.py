@@ -39,6 +39,18 @@ def test_zscore_is_per_query():
     np.testing.assert_allclose(normalize_rows(scores, "minmax")[0], [0.0, 0.5, 1.0])
 
 
+def test_a_spread_within_rounding_is_no_spread(fusion):
+    """Identical candidates score a few 1e-8 apart through a matrix product: that is not a ranking."""
+    noisy = np.array([[0.5, 0.5 + 3e-8, 0.5 - 2e-8, 0.5 + 1e-8]])
+    for method in ("zscore", "minmax"):
+        np.testing.assert_array_equal(normalize_rows(noisy, method), np.zeros_like(noisy))
+    real = np.array([[0.5, 0.5 + 1e-3, 0.5]])  # a small real spread still normalises
+    np.testing.assert_allclose(normalize_rows(real, "minmax"), [[0.0, 1.0, 0.0]])
+    copies = [DOCS[0]] * 6
+    scores = fusion.fit(copies).score(QUERIES[0], copies)
+    np.testing.assert_array_equal(scores, np.zeros(6))
+
+
 def test_fused_scores_of_a_query_do_not_depend_on_the_other_queries(fusion):
     together = fusion.score_matrix(QUERIES, DOCS)
     for row, query in enumerate(QUERIES):
@@ -190,6 +202,54 @@ def test_cli_fit_fusion_then_rerank_with_the_folder(
     assert result.code == 0 and float(result.out) == pytest.approx(
         loaded.pair_scores([QUERIES[0]], [DOCS[0]])[0], abs=1e-5
     )
+    # the Python API scores a text against one other text the same way (not 0, a one-candidate z-score)
+    import docembed
+
+    api = docembed.load(str(out)).similarity(QUERIES[:2], DOCS[0])
+    assert api.shape == (2, 1)
+    np.testing.assert_allclose(api[:, 0], loaded.pair_scores(QUERIES[:2], DOCS[:1] * 2), atol=1e-5)
+    assert float(result.out) == pytest.approx(float(api[0, 0]), abs=1e-5)
+
+
+def test_cli_fit_fusion_applies_the_lexical_parts_options(capfd, tmp_path, tiny_sbert_dir):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": t}) + "\n" for i, t in enumerate(DOCS)))
+    out = tmp_path / "bm25-fusion"
+    result = invoke(
+        capfd, "fit", "fusion", corpus, "--lexical", "bm25", "-m", tiny_sbert_dir, "--weight", "0.3",
+        "--k1", "2.5", "--b", "0.1", "--analyzer", "english", "-o", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    saved = json.loads((out / "lexical" / "config.json").read_text())["config"]
+    assert (saved["k1"], saved["b"], saved["analyzer"]) == (2.5, 0.1, "english")
+    out = tmp_path / "tfidf-fusion"
+    result = invoke(
+        capfd, "fit", "fusion", corpus, "--lexical", "tfidf", "-m", tiny_sbert_dir, "--weight", "0.3",
+        "--ngram-max", "2", "-o", out,
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert json.loads((out / "lexical" / "config.json").read_text())["config"]["ngram_max"] == 2
+    # an option of another rule, or of a first part that is a model, is refused before anything loads
+    for lexical, option in (
+        ("bm25", ["--svd-dim", "4"]),
+        ("tfidf", ["--k1", "2"]),
+        (tiny_sbert_dir, ["--b", "0.5"]),
+    ):
+        result = invoke(
+            capfd, "fit", "fusion", corpus, "--lexical", lexical, "-m", tiny_sbert_dir, "--weight", "0.3",
+            *option, "-o", tmp_path / "refused",
+        )  # fmt: skip
+        assert result.code != 0 and "applies to" in result.err and not (tmp_path / "refused").exists()
+    bad = tmp_path / "val.jsonl"
+    bad.write_text(json.dumps({"query": "a cat", "candidates": DOCS, "answer": 9}) + "\n")
+    result = invoke(
+        capfd, "fit", "fusion", corpus, "-m", tiny_sbert_dir, "--validation", bad, "-o", tmp_path / "refused"
+    )
+    assert result.code != 0 and "'answer' must be the index" in result.err
+    result = invoke(
+        capfd, "fit", "fusion", corpus, "-m", "no-such-model", "--validation", bad, "-o", tmp_path / "refused"
+    )
+    assert result.code != 0 and "unknown model 'no-such-model'" in result.err
 
 
 def test_cli_rerank_a_plain_spec_fits_bm25_on_the_candidates(capfd, tmp_path, tiny_sbert_dir):
@@ -204,6 +264,10 @@ def test_cli_rerank_a_plain_spec_fits_bm25_on_the_candidates(capfd, tmp_path, ti
     # a single pair has no candidates to normalise over: a plain spec says what to do instead
     result = invoke(capfd, "similarity", "a", "b", "-m", f"bm25+{tiny_sbert_dir}")
     assert result.code != 0 and "fit fusion" in result.err
+    import docembed
+
+    with pytest.raises(docembed.DocembedError, match="fit fusion"):  # the API too, not a score of 0
+        docembed.load(f"bm25+{tiny_sbert_dir}").similarity("a", "b")
 
 
 def test_a_fitted_tfidf_folder_and_a_multi_vector_model(tmp_path, tiny_tfidf_dir, tiny_sbert_tokens_dir):

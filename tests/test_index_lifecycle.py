@@ -101,6 +101,27 @@ def test_a_bm25_rebuild_over_a_changed_vector_index_is_refused_too(capfd, tmp_pa
     )
 
 
+def test_a_build_into_the_other_store_is_refused_without_overwrite(capfd, tmp_path):
+    """Each store checks only its own kind of index for added documents: a --store that names the other
+    store would replace the index, added documents and all."""
+    from docembed.lance_index import open_index
+
+    _, emb, more = _twenty_and_five(tmp_path)
+    for held, other in (("faiss", "lance"), ("lance", "faiss")):
+        index = tmp_path / f"{held}-index"
+        assert invoke(capfd, "index", "build", "--store", held, emb, "-o", index).code == 0
+        assert invoke(capfd, "index", "add", index, more).code == 0
+        _touch(emb)
+        result = invoke(capfd, "index", "build", "--store", other, emb, "-o", index)
+        lines = result.err.strip().splitlines()
+        assert result.code != 0 and len(lines) == 1 and f"is a {held} index" in lines[0], result.err
+        assert "--overwrite" in lines[0]
+        ids = _ids(index) if held == "faiss" else open_index(index).ids()
+        assert len(ids) == 25  # nothing replaced
+        result = invoke(capfd, "index", "build", "--store", other, emb, "-o", index, "--overwrite")
+        assert result.code == 0, result.err
+
+
 def test_changes_are_recorded_in_memory_and_survive_save_and_load(tmp_path):
     from docembed.faiss_index import IndexChanges, VectorIndex, changes_since_build
     from docembed.types import EmbeddingSet

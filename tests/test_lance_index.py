@@ -146,6 +146,10 @@ def glove_collection(tmp_path_factory):
 def test_build_with_text_and_fields_then_search_filter_and_hybrid(capfd, tmp_path, glove_collection):
     folder, corpus, emb = glove_collection
     index = tmp_path / "l"
+    misspelt = invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--text-from", corpus,
+                      "--fields", "year,lagn")  # fmt: skip
+    assert misspelt.code == 2 and "no document's row has a field 'lagn'" in misspelt.err
+    assert not index.exists()  # not a column of nulls that every --where on it fails against
     built = invoke(capfd, "index", "build", emb, "-o", index, "--store", "lance", "--text-from", corpus,
                    "--fields", "year,lang")  # fmt: skip
     assert built.code == 0, built.err
@@ -165,6 +169,13 @@ def test_build_with_text_and_fields_then_search_filter_and_hybrid(capfd, tmp_pat
     )
     hits = _rows(result.out)[0]["results"]
     assert len(hits) == 5 and all(int(h["id"][1:]) % 2 == 1 and int(h["id"][1:]) > 10 for h in hits)
+    for mistake in ("year >>= 3", "yaer > 2010"):  # one line naming the filter, before the model loads
+        result = invoke(capfd, "search", index, "--query", "cats", "--where", mistake, "-m", "no-such-model")
+        assert (
+            result.code == 2
+            and f"--where {mistake!r}" in result.err
+            and "the fields: year, lang" in result.err
+        )
     # hybrid: the full-text ranking (English stems: "swimming" finds "swim") fused with the vectors
     result = invoke(capfd, "search", index, "--query", "swimming", "-k", "4", "--hybrid")
     assert result.code == 0, result.err
@@ -176,7 +187,7 @@ def test_build_with_text_and_fields_then_search_filter_and_hybrid(capfd, tmp_pat
     # a bad filter, and Lance options on a faiss index: one line each
     assert (
         "no field named"
-        in _one_line_error(invoke(capfd, "search", index, "--id", "d1", "--where", "nope > 1")).lower()
+        in _one_line_error(invoke(capfd, "search", index, "--id", "d1", "--where", "nope > 1"), 2).lower()
     )
     assert "--where" in _one_line_error(invoke(capfd, "search", faiss_index, "--id", "d1", "--where", "x"), 2)
 

@@ -166,6 +166,12 @@ def test_the_best_passage_is_the_part_about_the_query(capfd, tmp_path, passages_
     assert dense.code != 0 and "passages" in dense.err
     with pytest.raises(NotSupportedError):
         docembed.load("glove-avg", device="cpu").best_passages(QUERY, DOCS)
+    # an empty document has no passage to name, in the API and in rerank
+    assert model.best_passages(QUERY, ["", "   ", DOCS[0]])[:2] == [None, None]
+    tasks.write_text(json.dumps({"query": QUERY, "candidates": ["", "   ", DOCS[0]]}) + "\n")
+    ranked = invoke(capfd, "rerank", tasks, "-m", passages_dir, "--passages")
+    by_text = {row["text"]: row["passage"] for row in json.loads(ranked.out)["ranking"]}
+    assert by_text[""] is None and by_text["   "] is None and by_text[DOCS[0]] is not None
 
 
 def test_a_fusion_ranks_by_its_score_and_names_the_passage_of_its_part_with_passages(
@@ -322,3 +328,39 @@ def test_hybrid_search_fuses_a_long_query_with_its_own_weight(capfd, tmp_path, p
         for line, query in zip(found.out.splitlines(), (DOCS[2], QUERY), strict=True):
             expected = sorted(fusion.score(query, DOCS).tolist(), reverse=True)
             assert [h["score"] for h in json.loads(line)["results"]] == pytest.approx(expected, abs=1e-5)
+
+
+def test_passages_through_a_server_are_the_passages_of_the_model_loaded_here(capfd, tmp_path, passages_dir):
+    """`--server`: the spans come from the server's tokenizer (/spans), the same as in-process."""
+    import signal
+
+    from cli_helpers import start_server
+
+    index = encode_and_index(capfd, tmp_path, passages_dir, DOCS)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"query": QUERY, "candidates": DOCS}) + "\n")
+    search = [
+        "search",
+        index,
+        "--query",
+        QUERY,
+        "-k",
+        "3",
+        "--text-from",
+        tmp_path / "docs.jsonl",
+        "--passages",
+    ]
+    local = [
+        invoke(capfd, "-q", *args) for args in (["rerank", tasks, "-m", passages_dir, "--passages"], search)
+    ]
+    server, url = start_server("-m", passages_dir)
+    try:
+        for args, here in zip(
+            (["rerank", tasks, "-m", passages_dir, "--passages"], search), local, strict=True
+        ):
+            remote = invoke(capfd, "-q", "--server", url, *args)
+            assert remote.code == 0 and here.code == 0, remote.err + here.err
+            assert remote.out == here.out and '"passage": [' in remote.out
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)

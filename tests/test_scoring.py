@@ -44,6 +44,24 @@ def test_maxsim_pairs_matches_naive_across_batches_and_handles_empty_docs():
     assert maxsim_one_to_many(queries[0], docs)[3] == -1.0
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.1])
+def test_documents_without_vectors_at_the_end_leave_the_others_whole(temperature):
+    """An empty document after the last non-empty one must not cut that one's passages short."""
+    rng = np.random.default_rng(6)
+    query = rng.standard_normal((2, 8)).astype(np.float32)
+    docs = random_multi(rng, [3, 0, 5, 0, 0])
+    alone = [maxsim_one_to_many(query, MultiVectors.from_list([docs[i]]), temperature)[0] for i in (0, 2)]
+    scores = maxsim_one_to_many(query, docs, temperature)
+    np.testing.assert_allclose(scores[[0, 2]], alone, rtol=1e-6)
+    assert scores[[1, 3, 4]].tolist() == [-1.0, -1.0, -1.0]
+    grouped = MultiVectors(docs.vectors, docs.offsets, np.arange(len(docs.vectors)) % 5 + 1)
+    by_window = maxsim_one_to_many(query, grouped, temperature, group_tokens=2)
+    first = MultiVectors(grouped.vectors[:3], np.array([0, 3]), grouped.positions[:3])
+    last = MultiVectors(grouped.vectors[3:], np.array([0, 5]), grouped.positions[3:])
+    expected = [maxsim_one_to_many(query, one, temperature, group_tokens=2)[0] for one in (first, last)]
+    np.testing.assert_allclose(by_window[[0, 2]], expected, rtol=1e-6)
+
+
 def test_maxsim_is_asymmetric_mean_over_query_vectors():
     q = np.array([[1, 0], [0, 1]], dtype=np.float32)
     d = np.array([[1, 0]], dtype=np.float32)

@@ -121,6 +121,14 @@ def test_serve_refuses_what_it_cannot_serve(capfd, tmp_path):
     corpus.write_text('{"id": "a", "text": "x y"}\n')
     invoke(capfd, "index", "build", corpus, "--type", "bm25", "-o", tmp_path / "bm25")
     assert "vector index" in invoke(capfd, "serve", "--index", tmp_path / "bm25").err
+    import socket
+
+    with socket.socket() as taken:  # a port another server holds: one line, before the model loads
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        result = invoke(capfd, "serve", "-m", "no-such-model", "--port", port)
+        assert result.code == 2 and "cannot listen on 127.0.0.1:" in result.err
 
 
 def test_a_multi_vector_model_is_served_as_vectors_per_text(tiny_sbert_tokens_dir):

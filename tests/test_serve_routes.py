@@ -449,9 +449,16 @@ def test_a_fusion_server_ranks_lance_hybrid_search_as_search_does(collection, ca
     import docembed
 
     service = _service(docembed.load("bm25+glove-avg", device="cpu"), collection)
-    body = {"queries": ["cats on a mat"], "k": 4, "hybrid": True}
-    served = service.answer("POST", "/search", body)["results"][0]["results"]
     cli = invoke(capfd, "search", collection, "--query", "cats on a mat", "-k", "4", "-m", "bm25+glove-avg")
     expected = json.loads(cli.out)["results"]
-    assert [h["id"] for h in served] == [h["id"] for h in expected]
-    np.testing.assert_allclose([h["score"] for h in served], [h["score"] for h in expected], atol=1e-5)
+    for hybrid in (True, False):  # a fusion's server fuses every search, as `search -m` does
+        body = {"queries": ["cats on a mat"], "k": 4, "hybrid": hybrid}
+        served = service.answer("POST", "/search", body)["results"][0]["results"]
+        assert [h["id"] for h in served] == [h["id"] for h in expected]
+        np.testing.assert_allclose([h["score"] for h in served], [h["score"] for h in expected], atol=1e-5)
+
+
+def test_spans_are_for_a_model_whose_vectors_are_passages(glove, index):
+    service = _service(glove, index)
+    assert service.answer("GET", "/health", {})["passages"] is False
+    assert "not passages" in _error(service, "/spans", {"texts": ["a cat"]})

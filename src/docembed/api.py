@@ -285,7 +285,7 @@ class Model:
         mean-MaxSim (asymmetric: `a` are the queries) for multi-vector ones, as `docembed similarity` scores.
         `a` and `b` are `encode` outputs (numpy) or texts, which are encoded first. A scorer (bm25, a fusion
         such as `bm25+sbert`) takes texts: each row is a query's scores over `b` (a fusion normalises them
-        per query)."""
+        per query; against one text, a fitted fusion scores each pair with the statistics it saved)."""
         if getattr(self.encoder, "scorer_only", False):
             return self._scorer_similarity(a, b)
         if getattr(self.encoder, "scores_exact_rows", False) and _are_texts(a) and _are_texts(b):
@@ -331,6 +331,11 @@ class Model:
         if not all(isinstance(t, str) for t in [*queries, *candidates]):
             raise UsageError(f"{self.name} scores texts (it has no embeddings): give texts to similarity")
         embed = lambda model, texts: encode_texts(model, texts, label=f"encode [{model.name}]")  # noqa: E731
+        if len(candidates) == 1 and hasattr(self.encoder, "pair_scores"):
+            # one candidate is nothing to normalise a fusion over (it would score 0): each query and it as
+            # a pair, normalised with the statistics a fitted fusion saved, as `docembed similarity A B`
+            pairs = self.encoder.pair_scores(list(queries), list(candidates) * len(queries), embed=embed)
+            return np.asarray(pairs, dtype=np.float32)[:, None]
         return self.encoder.score_matrix(list(queries), list(candidates), embed=embed).astype(np.float32)
 
     def _as_vectors(self, value) -> Vectors:

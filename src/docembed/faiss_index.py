@@ -1041,13 +1041,30 @@ def hybrid_fusion(encoder, lexical: BM25Index | None):
             )
         return None
     if encoder.family != "fusion":
-        raise UsageError("--lexical-index needs -m LEXICAL+MODEL (e.g. bm25+sbert) or a fitted fusion folder")
+        raise UsageError(HYBRID_NEEDS_FUSION)
     encoder.require_lexical("hybrid search")
     if encoder.lexical.family != "bm25":
-        raise UsageError(
-            f"hybrid search fuses a bm25 index: {encoder.name}'s lexical part is {encoder.lexical.family}"
-        )
+        raise _not_bm25(encoder.name, encoder.lexical.family)
     return encoder
+
+
+HYBRID_NEEDS_FUSION = "--lexical-index needs -m LEXICAL+MODEL (e.g. bm25+sbert) or a fitted fusion folder"
+
+
+def _not_bm25(name: str, family: str) -> UsageError:
+    return UsageError(f"hybrid search fuses a bm25 index: {name}'s lexical part is {family}")
+
+
+def refuse_hybrid_spec(resolved) -> None:
+    """hybrid_fusion's refusals that a model spec (registry.resolve_model's answer) shows before it loads:
+    a built-in or hub model that is no fusion, a fusion whose lexical part is the built-in tf-idf. A folder
+    is checked once loaded."""
+    if resolved is None:  # --server: the served model is checked
+        return
+    if resolved.kind in ("builtin", "hub"):
+        raise UsageError(HYBRID_NEEDS_FUSION)
+    if resolved.kind == "fusion" and resolved.parts[0].name in ("tfidf", "tfidf-bigrams"):
+        raise _not_bm25(resolved.spec, "tfidf")
 
 
 def search_queries(

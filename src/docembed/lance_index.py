@@ -487,6 +487,15 @@ class LanceIndex:
         except (ValueError, RuntimeError, OSError) as error:
             raise DocembedError(f"the Lance search failed: {_one_line(error)}") from None
 
+    def check_filter(self, where: str) -> None:
+        """Run `where` (an SQL filter) on the table once, for one row: a mistake in it (a column the table
+        lacks, a typo in the SQL) is found before a model loads to encode the queries."""
+        try:
+            self.table.search().where(where).select(["id"]).limit(1).to_arrow()
+        except (ValueError, RuntimeError, OSError) as error:
+            have = ", ".join(self.fields) or "none"
+            raise UsageError(f"--where {where!r}: {_one_line(error)} (the fields: {have})") from None
+
     def _check_queries(self, queries: Vectors) -> None:
         check_queries(queries, self.dim, self.metadata, multi=self.is_multi)
 
@@ -878,6 +887,8 @@ def _schema(dim: int, multi: bool, storage: str, text: bool, fields: Mapping[str
     if text:
         columns.append(pa.field("text", pa.string()))
     for name, values in fields.items():
+        if not values:  # a misspelt name would make a column of nulls that every --where then fails on
+            raise UsageError(f"--fields: no document's row has a field {name!r}")
         columns.append(pa.field(name, _field_type(name, values)))
     return pa.schema(columns, metadata={b"docembed": json.dumps(metadata).encode("utf-8")})
 
@@ -1007,7 +1018,9 @@ def corpus_columns(
             if doc_id not in wanted:
                 continue
             for name in fields:
-                value = row.get(name)
+                if name not in row:  # absent: null in the table, and a field no row has is refused (_schema)
+                    continue
+                value = row[name]
                 if not isinstance(value, SCALARS) or (isinstance(value, float) and not math.isfinite(value)):
                     raise DocembedError(
                         f"{corpus}:{line}: field {name!r} is {type(value).__name__}: --fields takes scalar "

@@ -49,17 +49,35 @@ def _family_has_passages(family: str | None) -> bool:
     return "passages" in get_family(family).capabilities
 
 
+#: the built-ins whose vectors are passages (what check_passage_model accepts of them once loaded)
+BUILTIN_PASSAGE_MODELS = frozenset({"sbert-windows", "retriever", "student-passages", "nugget-passages"})
+
+
+def _no_passages(option: str, name) -> UsageError:
+    return UsageError(
+        f"{option} needs a model whose vectors are passages ({PASSAGE_MODELS}, or a fusion with one of "
+        f"them such as tfidf+retriever), not {name!r}"
+    )
+
+
+def refuse_spec_without_passages(resolved, option: str = "--passages") -> None:
+    """Refuse, before it loads, a model spec (registry.resolve_model's answer; None with --server) that is
+    a built-in without passages, or a fusion of such built-ins. A folder or hub part may be saved with
+    passages: check_passage_model checks it once loaded."""
+    if resolved is None:
+        return
+    parts = resolved.parts if resolved.kind == "fusion" else (resolved,)
+    if all(p.kind in ("builtin", "fitted") and p.name not in BUILTIN_PASSAGE_MODELS for p in parts):
+        raise _no_passages(option, resolved.spec)
+
+
 def check_passage_model(encoder, option: str = "--passages"):
     """The model that names the passages: `encoder` itself, which must cut texts into passages as the
     index's vectors were cut (the rule `rerank --passages` applies), or a fusion's part that does
     (passage_part). Returns that model."""
     part = passage_part(encoder)
-    if not _cuts_passages(part):
-        name = getattr(encoder, "name", encoder)
-        raise UsageError(
-            f"{option} needs a model whose vectors are passages ({PASSAGE_MODELS}, or a fusion with one of "
-            f"them such as tfidf+retriever), not {name!r}"
-        )
+    if not cuts_passages(part):
+        raise _no_passages(option, getattr(encoder, "name", encoder))
     return part
 
 
@@ -71,10 +89,11 @@ def passage_part(encoder):
     if not (getattr(encoder, "scorer_only", False) and hasattr(encoder, "lexical")):
         return encoder
     parts = [encoder.model] if encoder.hybrid else [encoder.model, encoder.lexical]
-    return next((part for part in parts if _cuts_passages(part)), encoder.model)
+    return next((part for part in parts if cuts_passages(part)), encoder.model)
 
 
-def _cuts_passages(encoder) -> bool:
+def cuts_passages(encoder) -> bool:
+    """Whether `encoder`'s vectors are passages with character spans (`passage_spans`)."""
     supports = getattr(encoder, "supports", None)
     return bool(
         supports and supports("passages") and encoder.multi_vector and hasattr(encoder, "passage_spans")

@@ -99,6 +99,22 @@ class RemoteEncoder(Encoder):
             vectors = MultiVectors(np.zeros((0, self._dim), np.float32), vectors.offsets, vectors.positions)
         return vectors
 
+    def supports(self, capability: str) -> bool:
+        """Passages when the server says its model cuts them and answers /spans (an older server: not)."""
+        return capability == "passages" and bool(self.health.get("passages"))
+
+    def passage_spans(self, texts: Sequence[str]) -> list:
+        """Per text, its passages' (start, end) character offsets, from the server (its model's tokenizer)."""
+        self.require("passages")
+        spans = []
+        for start in range(0, len(texts), TEXTS_PER_REQUEST):
+            chunk = list(texts[start : start + TEXTS_PER_REQUEST])
+            answer = _request(self.url, "/spans", {"texts": chunk}).get("spans")
+            if not isinstance(answer, list) or len(answer) != len(chunk):
+                raise DocembedError(f"{self.url}/spans answered no spans for each of {len(chunk)} texts")
+            spans += [np.asarray(rows, dtype=np.int64).reshape(-1, 2) for rows in answer]
+        return spans
+
     def save(self, directory) -> None:
         raise UsageError("a model served over HTTP is not saved by the client")
 

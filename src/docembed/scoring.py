@@ -142,20 +142,34 @@ def maxsim_one_to_many(
 
 def smooth_max(sims: np.ndarray, counts: np.ndarray, temperature: float) -> np.ndarray:
     """Per query row, each document's max over its columns of `sims` (m, total; `counts` columns each, in
-    order), or at `temperature` > 0 their log-mean-exp: (m, n). A document with no columns: undefined."""
-    starts = np.minimum(np.concatenate([[0], np.cumsum(counts)[:-1]]), max(sims.shape[1] - 1, 0))
-    best = np.maximum.reduceat(sims, starts, axis=1)
+    order), or at `temperature` > 0 their log-mean-exp: (m, n). A document with no columns: -1."""
+    best = reduce_columns(np.maximum, sims, counts, fill=-1.0)
     if temperature > 0:
         best = best + smooth_max_excess(sims, best, counts, temperature)
     return best
 
 
+def reduce_columns(ufunc, values: np.ndarray, counts: np.ndarray, fill: float) -> np.ndarray:
+    """`ufunc` over each document's columns of `values` (m, total; `counts` columns each, in order): (m, n),
+    `fill` for a document with none. Only the non-empty documents' starts go to `reduceat`: an empty one's
+    start, equal to the next one's (or past the end), would cut its neighbour short."""
+    counts = np.asarray(counts)
+    out = np.full((values.shape[0], len(counts)), fill, dtype=np.result_type(values, np.float32))
+    present = counts > 0
+    if present.any():
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])[present]
+        out[:, present] = ufunc.reduceat(values, starts, axis=1)
+    return out
+
+
 def passage_span(spans, passage: int) -> list[int] | None:
-    """[start, end] of `best_passages`' passage index among one text's passage `spans` (None for -1); an
-    index one past the text's last window (a full last window's [SEP]: see best_passages) is its last."""
-    if passage < 0:
+    """[start, end] of `best_passages`' passage index among one text's passage `spans` (None for -1, and
+    for an empty text: its one window holds no characters); an index one past the text's last window (a
+    full last window's [SEP]: see best_passages) is its last."""
+    if passage < 0 or len(spans) == 0:
         return None
-    return [int(x) for x in spans[min(passage, len(spans) - 1)]]
+    start, end = (int(x) for x in spans[min(passage, len(spans) - 1)])
+    return [start, end] if end > start else None
 
 
 def best_passages(
@@ -196,8 +210,7 @@ def smooth_max_excess(sims: np.ndarray, best: np.ndarray, counts: np.ndarray, te
     Computed from the max (so exp never overflows); a document with no vectors gets 0."""
     owner = np.repeat(np.arange(len(counts)), counts)
     shifted = np.exp((sims - best[:, owner]) / temperature)  # in (0, 1]
-    starts = np.minimum(np.concatenate([[0], np.cumsum(counts)[:-1]]), max(sims.shape[1] - 1, 0))
-    sums = np.add.reduceat(shifted, starts, axis=1)
+    sums = reduce_columns(np.add, shifted, counts, fill=0.0)
     means = np.where(counts > 0, sums / np.maximum(counts, 1), 1.0)
     return temperature * np.log(np.maximum(means, np.finfo(np.float64).tiny))
 

@@ -75,7 +75,7 @@ from docembed.faiss_index import (
 from docembed.io.runs import hit_rows
 from docembed.lance_index import LanceIndex, open_index
 from docembed.lance_index import index_stamp as vector_index_stamp
-from docembed.passages import add_passages, check_passage_model, refuse_index_without_passages
+from docembed.passages import add_passages, check_passage_model, cuts_passages, refuse_index_without_passages
 from docembed.runtime import log, progress_shown
 from docembed.types import EmbeddingSet, MultiVectors
 
@@ -248,6 +248,7 @@ class EmbeddingService:
             ("GET", "/health"): self.health,
             ("POST", "/encode"): self.encode,
             ("POST", "/similarity"): self.similarity,
+            ("POST", "/spans"): self.spans,
             ("POST", "/search"): self.search,
             ("POST", "/add"): self.add,
             ("POST", "/remove"): self.remove,
@@ -294,6 +295,7 @@ class EmbeddingService:
             "max_tokens": self.model.max_tokens,
             "metadata": self.model.metadata(),
             "scorer": bool(scorer),
+            "passages": cuts_passages(encoder),  # /spans answers: `--passages` of a --server command
             "identity": self._identity,
         }
 
@@ -312,6 +314,16 @@ class EmbeddingService:
                 ]
             return answer
         return {"model": self.model.name, "embeddings": np.asarray(vectors, dtype=np.float32).tolist()}
+
+    def spans(self, body: dict) -> dict:
+        """Per text, the [start, end] character offsets of each passage its vectors pool, in their order:
+        what a command run with --server needs for `--passages` (the model's tokenizer is here)."""
+        texts = _texts(body, "texts")
+        if not cuts_passages(self.model.encoder):
+            raise BadRequest(f"{self.model.name}'s vectors are not passages: it has no spans")
+        return {
+            "spans": [np.asarray(s, dtype=np.int64).tolist() for s in self.model.encoder.passage_spans(texts)]
+        }
 
     def similarity(self, body: dict) -> dict:
         a, b = _texts(body, "a"), _texts(body, "b")
@@ -348,7 +360,8 @@ class EmbeddingService:
         query_vectors = [index.stored(doc_id) for doc_id in ids] if passages else []
         if queries:
             vectors = self._encode_documents(queries)
-            if lance and hybrid and self._fusion is not None:  # the fusion's scores over both kinds of hits
+            if lance and self._fusion is not None and lexical is None:  # the fusion over both kinds of hits,
+                # "hybrid" or not, as `search -m LEXICAL+MODEL` ranks them
                 found = index.fused_search(queries, vectors, self._fusion, k, where, depth)
             elif lance and hybrid:
                 found = index.hybrid_search(queries, vectors, k, where, depth)

@@ -210,13 +210,15 @@ def _resolve(row: dict, docs: dict[str, str] | None, source: str, line_number: i
             )
         keys = [str(row["source"]), *map(str, candidates)]
         _require_ids(keys, docs, source, line_number)
+        _refuse_repeated_ids(keys[1:], source, line_number)
         return keys[0], keys[1:], True, True
     if "query" in row and isinstance(row["query"], str):
         if not all(isinstance(c, str) for c in candidates):
             raise InputFormatError(source, line_number, "candidates of a 'query' row must be texts or ids")
         by_id = docs is not None and any(c in docs for c in candidates)
-        if by_id:  # ids meant: every one must be there
+        if by_id:  # ids meant: every one must be there, once
             _require_ids(candidates, docs, source, line_number)
+            _refuse_repeated_ids(candidates, source, line_number)
         return row["query"], candidates, False, by_id
     raise InputFormatError(source, line_number, "expected a 'source' id or a 'query' text")
 
@@ -225,6 +227,16 @@ def _require_ids(keys: list[str], docs: dict[str, str], source: str, line_number
     missing = [k for k in keys if k not in docs]
     if missing:
         raise InputFormatError(source, line_number, f"ids not in --docs: {', '.join(missing[:5])}")
+
+
+def _refuse_repeated_ids(candidates: list[str], source: str, line_number: int) -> None:
+    """A candidate id given twice in a row: a run ranks each document once (`evaluate --run` refuses it)."""
+    seen: set[str] = set()
+    repeated = [c for c in candidates if c in seen or seen.add(c)]
+    if repeated:
+        raise InputFormatError(
+            source, line_number, f"candidate ids given twice: {', '.join(dict.fromkeys(repeated[:5]))}"
+        )
 
 
 def validation_queries(

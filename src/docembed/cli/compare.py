@@ -38,7 +38,11 @@ def similarity(
 
     if (pairs is None) == (not texts):
         raise UsageError("give exactly two texts, or --pairs FILE")
-    common.resolve(model)
+    resolved = common.resolve(model)
+    if resolved is not None and resolved.kind == "fusion":  # a spec, not a fitted folder: no statistics
+        from docembed.models.fusion import no_pair_statistics
+
+        raise no_pair_statistics(model)
     if pairs is None:
         if len(texts) != 2:
             raise UsageError(f"similarity compares two texts, got {len(texts)}")
@@ -81,11 +85,14 @@ def _read_docs(docs: str, id_field: str, text_field: str) -> dict[str, str]:
     return texts
 
 
+TREC_NEEDS_IDS = "--output-format trec needs id rows {source, candidates: [ids]} (a run names its queries)"
+
+
 def rerank(
     tasks: str = typer.Argument(
         ...,
-        help="JSONL rows {source, candidates: [ids]}, {query, candidates: [ids]} (ids of --docs) or "
-        "{query, candidates: [texts]}; - for stdin.",
+        help="JSONL rows {source, candidates: \\[ids]}, {query, candidates: \\[ids]} (ids of --docs) or "
+        "{query, candidates: \\[texts]}; - for stdin.",
     ),
     docs: str = typer.Option(
         None, "--docs", "-d", help="Documents for id rows (.jsonl, .tsv id<TAB>text, .txt)."
@@ -104,7 +111,7 @@ def rerank(
     passages: bool = typer.Option(
         False,
         "--passages",
-        help="Add to each candidate the passage the query matches best, as character offsets [start, end] "
+        help="Add to each candidate the passage the query matches best, as character offsets \\[start, end] "
         "(models whose vectors are passages: sbert-windows, retriever, student-passages, nugget-passages; a "
         "fusion such as tfidf+retriever ranks by its fused score and names its model's best passage).",
     ),
@@ -131,13 +138,19 @@ def rerank(
     inputs = [tasks, docs] if docs else [tasks]
     check_output_path(output, overwrite, inputs)
     check_not_inside(output, [model])  # a model folder's own files
-    common.resolve(model)
+    resolved = common.resolve(model)
+    if passages:
+        from docembed.passages import refuse_spec_without_passages
+
+        refuse_spec_without_passages(resolved)
     doc_texts = _read_docs(docs, id_field, text_field) if docs else None
     first = common.check_jsonl_fields(tasks, ())
     if first is not None:  # the first row's shape (ids need --docs, and those ids), before the model loads
         from docembed.similarity import check_row
 
         check_row(first[1], doc_texts, tasks, first[0])
+        if output_format == "trec" and "source" not in first[1]:
+            raise UsageError(TREC_NEEDS_IDS)
     encoder = common.load(model)
     if passages:
         from docembed.passages import check_passage_model
@@ -156,7 +169,7 @@ def rerank(
             elif "source" in row:
                 handle.write(trec_lines(row["source"], row["ranking"], run_tag))
             else:
-                raise UsageError("--output-format trec needs id rows {source, candidates: [ids]}")
+                raise UsageError(TREC_NEEDS_IDS)
             n += 1
         return n
 

@@ -110,7 +110,7 @@ def evaluate(
         others = ", ".join(
             f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}"
             for k, v in r.metrics.items()
-            if k != r.primary_metric and not isinstance(v, list)
+            if k != r.primary_metric and isinstance(v, (int, float, str))  # per-item lists live in the JSON
         )
         table.add_row(r.task, r.model, r.primary_metric, f"{r.score:.2f}", others, f"{r.seconds:.1f}")
     stderr_console().print(table)

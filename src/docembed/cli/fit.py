@@ -76,49 +76,45 @@ def fit(
     from docembed.models.baselines import BM25Config, TfidfConfig, fit_bm25, fit_tfidf
     from docembed.runtime import log, settings
 
-    if family == "fusion":
-        return _fit_fusion(
-            input,
-            output,
-            format,
-            text_field,
-            lexical,
-            model,
-            validation,
-            docs,
-            normalization,
-            weight,
-            overwrite,
-        )
-    if family not in ("tfidf", "bm25"):
+    if family not in ("tfidf", "bm25", "fusion"):
         raise UsageError(f"only tfidf, bm25 and fusion are fitted this way, not {family!r}")
+    # the rule fitted here: the family, or a fusion's built-in lexical part (its options apply to it)
+    fitted = FUSION_LEXICAL_FAMILY.get(lexical) if family == "fusion" else family
+    where = " (a fusion's --lexical tfidf or tfidf-bigrams)" if family == "fusion" else ""
     for flag, value in (("--svd-dim", svd_dim), ("--ngram-max", ngram_max)):
-        if value is not None and family != "tfidf":
-            raise UsageError(f"{flag} applies to tfidf only")
+        if value is not None and fitted != "tfidf":
+            raise UsageError(f"{flag} applies to tfidf only{where}")
     bm25_options = {k: v for k, v in (("analyzer", analyzer), ("k1", k1), ("b", b)) if v is not None}
-    if bm25_options and family != "bm25":
-        raise UsageError(f"--{' --'.join(bm25_options)} applies to bm25 only")
-    bm25_config = BM25Config(**bm25_options) if family == "bm25" else None  # a wrong value fails now
+    if bm25_options and fitted != "bm25":
+        where = " (a fusion's --lexical bm25)" if family == "fusion" else ""
+        raise UsageError(f"--{' --'.join(bm25_options)} applies to bm25 only{where}")
+    bm25_config = BM25Config(**bm25_options) if fitted == "bm25" else None  # a wrong value fails now
+    tfidf_options = {k: v for k, v in (("svd_dim", svd_dim), ("ngram_max", ngram_max)) if v is not None}
+    if family == "fusion":
+        parts = {"lexical": lexical, "model": model, "normalization": normalization, "weight": weight}
+        options = tfidf_options if fitted == "tfidf" else bm25_options
+        return _fit_fusion(input, output, format, text_field, overwrite, validation, docs, options, **parts)
     # all or nothing, under the output's lock from the start: a second fit to the same output fails at once
     with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=[input]) as staging:
         texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
         if family == "tfidf":
-            config = TfidfConfig(seed=settings.seed)
-            if svd_dim is not None:
-                config.svd_dim = svd_dim
-            if ngram_max is not None:
-                config.ngram_max = ngram_max
-            model = fit_tfidf(texts, config)
+            model = fit_tfidf(texts, TfidfConfig(seed=settings.seed, **tfidf_options))
         else:
             model = fit_bm25(texts, bm25_config)
         model.save(staging)
     log(f"saved the fitted {family} model -> {output}")
 
 
+#: a fusion's built-in lexical parts, by the family whose options (--svd-dim, --k1, ...) apply to them
+FUSION_LEXICAL_FAMILY = {"tfidf": "tfidf", "tfidf-bigrams": "tfidf", "bm25": "bm25"}
+
+
 def _fit_fusion(
-    input, output, format, text_field, lexical, model, validation, docs, normalization, weight, overwrite
-):
-    """Fit the lexical part on the corpus, choose the weight on --validation (or take --weight), save."""
+    input, output, format, text_field, overwrite, validation, docs, lexical_options, *, lexical, model,
+    normalization, weight
+):  # fmt: skip
+    """Fit the lexical part (with `lexical_options` set on its config) on the corpus, choose the weight on
+    --validation (or take --weight), save."""
     from docembed.errors import UsageError
     from docembed.io.outputs import directory_output
     from docembed.io.readers import iter_jsonl_lines
@@ -130,22 +126,26 @@ def _fit_fusion(
 
     if (validation is None) == (weight is None):
         raise UsageError("fusion: give --validation FILE (the weight is chosen on it) or a fixed --weight")
+    common.resolve(f"{lexical}+{model}")  # both parts found (a name that is nothing fails) before reading
     inputs = [p for p in (input, validation, docs) if p]
     with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=inputs) as staging:
-        fusion = get_family("fusion").from_parts(
-            lexical, model, resolve_device(), normalization=normalization
-        )
         texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
-        if validation is None:
-            fusion.fit(texts)
-            fusion.config.weight = weight
-            fusion.config.long_query_weight = None  # the weight given, for every query
-            fusion.save(staging)
-        else:
+        queries = None
+        if validation is not None:  # read (and a bad row refused) before a model loads
             doc_texts = None
             if docs:
                 doc_texts = {d.id: d.text for d in common.reader(docs, None, "id", text_field, False)}
             queries = validation_queries(iter_jsonl_lines(validation), validation, doc_texts)
+        fusion = get_family("fusion").from_parts(
+            lexical, model, resolve_device(), normalization=normalization
+        )
+        for key, value in lexical_options.items():
+            setattr(fusion.lexical.config, key, value)
+        if queries is None:
+            fusion.fit(texts)
+            fusion.config.weight = weight
+            fusion.config.long_query_weight = None  # the weight given, for every query
+        else:
             fit_fusion(fusion, texts, queries, description=f"queries of {validation}")
-            fusion.save(staging)
+        fusion.save(staging)
     log(f"saved the fusion {lexical}+{model} (weight {fusion.weights_text()} of the model) -> {output}")

@@ -87,6 +87,7 @@ def build(
         raise UsageError(f"--store is auto, lance or faiss, not {store!r}")
     if analyzer is not None and kind != "bm25":
         raise UsageError("--analyzer is for bm25 indexes (--type bm25)")
+    _refuse_changing_store(output, embeddings, store, overwrite)
     emb = None
     if store == "auto":
         check_output(output, overwrite, directory=True, inputs=[embeddings], kind=INDEX_DIRECTORY)
@@ -122,6 +123,25 @@ def build(
         index.save(staging)
     what = f"{len(emb)} documents" + (f", {len(emb.data.vectors)} vectors" if emb.is_multi else "")
     log(f"indexed {what} ({kind}, {storage}) -> {output}")
+
+
+def _refuse_changing_store(output, embeddings, store: str, overwrite: bool) -> None:
+    """A build with --store naming the other store than the index at `output` holds would replace it, and
+    each store checks only its own kind of index for what `index add` / `index remove` changed: refused
+    unless --overwrite says to rebuild from the embeddings alone."""
+    from docembed.errors import UsageError
+    from docembed.faiss_index import is_index_dir
+    from docembed.lance_index import is_lance_dir
+
+    if overwrite or store == "auto":
+        return
+    held = "lance" if is_lance_dir(output) else "faiss" if is_index_dir(Path(output)) else None
+    if held is not None and held != store:
+        raise UsageError(
+            f"{output} is a {held} index: --store {store} would replace it with one built from {embeddings} "
+            "alone, without what `index add` / `index remove` changed there; pass --overwrite for that "
+            "(`index migrate` turns a faiss index into a Lance one, added documents included)"
+        )
 
 
 def _auto_store(embeddings, output, kind, storage, allow_duplicate_ids, text_from, fields):
@@ -555,7 +575,10 @@ def search(
         "fitted fusion folder (its weight and normalisation).",
     ),
     depth: int = typer.Option(
-        100, "--depth", min=1, help="Hybrid search: hits taken from each ranking before they are fused."
+        100,
+        "--depth",
+        min=1,
+        help="Hybrid search: hits taken from each ranking before they are fused (at least -k of them).",
     ),
     where: str = typer.Option(
         None, "--where", help="Lance index: an SQL filter on its fields, applied before the vector search."
@@ -618,6 +641,10 @@ def search(
     check_output_format(output_format)
     if not query and not queries and not more_like:
         raise UsageError("give --query TEXT (repeatable), --queries FILE or --id ID")
+    if query and queries:  # the file's rows would be the only queries
+        raise UsageError("give --query TEXT (repeatable) or --queries FILE, not both")
+    if hybrid and not query and not queries:  # --id rows have no text to search in full
+        raise UsageError("--hybrid fuses a query text's full-text hits: give --query or --queries")
     common.check_text_output(output, overwrite, [index, queries, text_from, lexical_index])
     lance = _lance_for_search(index, where, hybrid, version, lexical_index)
     bm25 = BM25Index.load(index) if lance is None and is_bm25_dir(index) else None
@@ -654,6 +681,10 @@ def search(
         if not spec:
             raise UsageError("the index does not record its model: pass --model")
         resolved = common.resolve(spec)
+        if lexical is not None:
+            from docembed.faiss_index import refuse_hybrid_spec
+
+            refuse_hybrid_spec(resolved)
         own_text = lance is not None and lexical is None  # a Lance index fuses its own full-text hits
         if own_text and resolved is not None and resolved.kind == "fusion" and not lance.has_text:
             raise UsageError(
@@ -795,6 +826,8 @@ def _lance_for_search(index, where, hybrid, version, lexical_index):
     lance = LanceIndex.open(index, version)
     if hybrid and not lance.has_text:
         raise UsageError(f"--hybrid needs the documents' text in {index}: build it with --text-from CORPUS")
+    if where:
+        lance.check_filter(where)
     return lance
 
 

@@ -77,6 +77,13 @@ def serve(
     spec = model or (recorded_model_of(index) if index is not None else None)
     if not spec:
         raise UsageError("give --model (or an --index that records its model)")
+    if port:  # a port in use (or not ours to take) fails now, not after the model's load
+        _check_port(host, port)
+    resolved = common.resolve(spec)  # a mistaken spec, or one no hybrid search takes, before the load
+    if lexical_index is not None:
+        from docembed.faiss_index import refuse_hybrid_spec
+
+        refuse_hybrid_spec(resolved)
     service = EmbeddingService(
         load(spec, device=settings.device),
         index,
@@ -99,3 +106,18 @@ def serve(
         server.serve_forever()
     finally:
         server.server_close()
+
+
+def _check_port(host: str, port: int) -> None:
+    """Bind (host, port) once and let it go, as the server will bind it (address reuse on, as
+    http.server's): the usual mistake, a port another server holds, is one line before anything loads."""
+    import socket
+
+    from docembed.errors import UsageError
+
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as error:
+        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None

@@ -128,17 +128,24 @@ class FusionConfig(EncoderConfig):
                 raise UsageError(f"the fusion's {name.replace('_', ' ')} is between 0 and 1, not {value}")
 
 
+#: relative differences below this are float32 rounding, not a ranking (normalize_rows)
+SCORE_ROUNDING = 1e-6
+
+
 def normalize_rows(scores: np.ndarray, method: str, rrf_k: int = 60) -> np.ndarray:
     """Each row (one query's candidates) normalised: z-score, min-max, or reciprocal-rank scores."""
     scores = np.atleast_2d(np.asarray(scores, dtype=np.float64))
+    # a spread within float32 rounding of the scores' size is no spread: identical candidates score a few
+    # 1e-8 apart through a matrix product, and dividing by that would order them by the rounding
+    rounding = SCORE_ROUNDING * np.abs(scores).max(axis=1, keepdims=True, initial=0.0)
     if method == "zscore":
         centred = scores - scores.mean(axis=1, keepdims=True)
         std = scores.std(axis=1, keepdims=True)
-        return np.divide(centred, std, out=np.zeros_like(centred), where=std > 0)
+        return np.divide(centred, std, out=np.zeros_like(centred), where=std > rounding)
     if method == "minmax":
         low = scores.min(axis=1, keepdims=True)
         span = scores.max(axis=1, keepdims=True) - low
-        return np.divide(scores - low, span, out=np.zeros_like(scores), where=span > 0)
+        return np.divide(scores - low, span, out=np.zeros_like(scores), where=span > rounding)
     if method == "rrf":
         ranks = np.empty_like(scores)
         for row, values in enumerate(scores):
@@ -152,6 +159,15 @@ def fuse(lexical: np.ndarray, model: np.ndarray, weight, method: str, rrf_k: int
     number, or one per row as a column)."""
     return (1.0 - weight) * normalize_rows(lexical, method, rrf_k) + weight * normalize_rows(
         model, method, rrf_k
+    )
+
+
+def no_pair_statistics(name: str) -> UsageError:
+    """The refusal to score single pairs with a fusion that saved no statistics to normalise them by."""
+    return UsageError(
+        f"{name} fuses scores per query (normalised over its candidates): a single pair needs the score "
+        "statistics saved when the weight is chosen (`docembed fit fusion ... --validation V -o DIR`, "
+        "z-score or min-max); use `docembed rerank` for candidates"
     )
 
 
@@ -355,11 +371,7 @@ class FusionScorer(Encoder):
         """left[i] against right[i], each part normalised with the statistics saved at fit time."""
         c = self.config
         if c.normalization == "rrf" or not c.pair_stats:
-            raise UsageError(
-                f"{self.name} fuses scores per query (normalised over its candidates): a single pair needs "
-                "the score statistics saved when the weight is chosen (`docembed fit fusion ... --validation "
-                "V -o DIR`, z-score or min-max); use `docembed rerank` for candidates"
-            )
+            raise no_pair_statistics(self.name)
         left, right = list(left), list(right)
         embed = embed or (lambda model, texts: model.encode(texts))
         from docembed.scoring import passage_scoring, score_pairs
