@@ -173,3 +173,17 @@ def test_encode_query_and_document_take_the_keywords(glove):
     model = docembed.Model(glove.encoder, prompts={"query": "query: "})
     tensor = model.encode_query(TEXTS[:2], convert_to_tensor=True, truncate_dim=5)
     assert isinstance(tensor, torch.Tensor) and tensor.shape == (2, 5)
+
+
+def test_quantize_embeddings_takes_sentence_transformers_arguments_in_their_order(glove):
+    import inspect
+
+    from sentence_transformers import quantize_embeddings
+
+    ours, theirs = inspect.signature(docembed.quantize_embeddings), inspect.signature(quantize_embeddings)
+    assert list(ours.parameters) == list(theirs.parameters)
+    vectors = glove.encode(TEXTS[:2], normalize_embeddings=True)
+    ranges = np.stack([vectors.min(axis=0) - 0.5, vectors.max(axis=0) + 0.5])
+    expected = quantize_embeddings(vectors, "int8", ranges)
+    assert np.array_equal(docembed.quantize_embeddings(vectors, "int8", ranges), expected)
+    assert not np.array_equal(expected, quantize_embeddings(vectors, "int8"))  # the ranges count

@@ -106,6 +106,15 @@ def test_a_folder_without_a_model_is_refused_by_the_resolver(tmp_path):
         (["encode", "{d}/array.json", "-m", "sbert"], "a JSON array"),
         (["encode", "{d}/broken.jsonl", "-m", "sbert"], "malformed JSON at column"),
         (["encode", "{d}/docs.jsonl", "-m", "sbrt"], "did you mean 'sbert'"),
+        (["encode", "{d}/docs.jsonl", "-m", "sbert", "--long", "bogus"], "--long is one of"),
+        (["encode", "{d}/docs.jsonl", "-m", "sbert", "--backend", "bogus"], "backend must be one of"),
+        (["encode", "{d}/docs.jsonl", "-m", "sbert", "--precision", "int4"], "precision must be one of"),
+        (["encode", "{d}/docs.jsonl", "-m", "student", "--max-length", "-5"], "--max-length must be >= 2"),
+        (
+            ["encode", "{d}/docs.jsonl", "-m", "sbert-windows", "--long-queries", "x"],
+            "long_queries is one of",
+        ),
+        (["encode", "{d}/docs.jsonl", "-m", "sbert", "--reuse", "{d}/gone.npy"], "not found"),
         (["similarity", "--pairs", "{d}/pairs.jsonl", "--left-field", "left"], "field 'left' missing"),
         (["similarity", "a", "b", "-m", "{d}/models/student"], "no model folder"),
         (["rerank", "{d}/tasks.jsonl", "-m", "sbert"], "need --docs"),
@@ -219,3 +228,19 @@ def test_fit_says_what_it_does_without_a_temporary_path(capfd, files):
     assert result.code == 0, result.err
     assert "--fit: fitting tfidf on" in result.err and f"-> {files / 't.model'}" in result.err
     assert ".tmp" not in result.err
+
+
+@pytest.mark.parametrize(
+    "command", ["train-setenc", "train-quickthoughts", "train-nugget", "train-retriever", "train-distill"]
+)
+def test_a_trained_model_is_never_trained_over_without_resume(capfd, no_loading, files, command):
+    """Every train-* command refuses an output that holds a model (its weights are someone's result) in
+    one line, before anything loads; a bad --amp value is refused there too."""
+    held = files / "held"
+    assert invoke(capfd, "-q", "fit", "tfidf", files / "docs.jsonl", "-o", held).code == 0
+    before = (held / "model.safetensors").read_bytes()
+    result = invoke(capfd, command, files / "docs.jsonl", "-o", held)
+    assert result.code == 1 and "already holds a model: pass --resume" in result.err, result.err
+    assert (held / "model.safetensors").read_bytes() == before
+    result = invoke(capfd, command, files / "docs.jsonl", "-o", files / "new", "--amp", "bf61")
+    assert result.code == 2 and "--amp is one of" in result.err and not (files / "new").exists()

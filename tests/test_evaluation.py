@@ -351,6 +351,12 @@ def test_long_document_tasks_use_only_long_documents_and_report_errors(data_root
     assert found["mrr"] < 100.0 and found["mrr_se"] > 0
     tied = halves.run(ConstantEncoder(EncoderConfig(), name="constant")).metrics
     assert tied["mrr"] == pytest.approx(100.0 / found["documents"]) and tied["mrr_se"] == 0.0
+    # --limit (--eval-limit) N: N documents in all, half from each data set
+    limited = EvalOptions(data_root=str(data_root), limit=6)
+    assert (
+        get_evaluator("halves", limited).run(TfidfEncoder(TfidfConfig(), name="tfidf")).metrics["documents"]
+        == 3 + 3
+    )
 
 
 def test_validation_long_tasks_read_train_documents_and_probe_on_the_others(data_root):
@@ -393,3 +399,19 @@ def test_the_evaluate_table_lists_summary_metrics_not_per_query_values(capfd, da
     assert "per_item" not in result.err and "other metrics" in result.err
     saved = json.loads((tmp_path / "results" / "paraphrase-identification__tfidf.json").read_text())
     assert len(saved["metrics"]["per_item"]["mrr"]) > 1  # the values are kept in the result file
+
+
+def test_two_models_of_one_name_are_refused_before_either_runs(capfd, data_root, tmp_path):
+    """Result files are named by the model's name: two folders named alike would write one file."""
+    from cli_helpers import invoke
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "a cat"}\n{"id": "b", "text": "a dog"}\n')
+    for folder in ("one", "two"):
+        (tmp_path / folder).mkdir()
+        assert invoke(capfd, "-q", "fit", "tfidf", corpus, "-o", tmp_path / folder / "tf").code == 0
+    args = ["evaluate", "pi", "-m", tmp_path / "one" / "tf", "-m", tmp_path / "two" / "tf", "--fast"]
+    result = invoke(capfd, *args, "--data-root", data_root, "-o", tmp_path / "results")
+    assert result.code == 2 and "both named 'tf'" in result.err and not (tmp_path / "results").exists()
+    qrels = invoke(capfd, "evaluate", "--qrels", corpus, "--run", corpus, "-o", tmp_path / "ir")
+    assert qrels.code == 2 and "redirect it" in qrels.err  # -o held nothing there: it was ignored

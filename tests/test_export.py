@@ -39,10 +39,18 @@ def test_export_keeps_an_existing_output_and_refuses_other_families(tiny_sbert_d
     assert not (tmp_path / "glove").exists()
 
 
-def test_export_says_what_a_tokens_model_becomes(tiny_sbert_tokens_dir, tmp_path, capfd):
+def test_export_says_what_a_tokens_model_becomes(tiny_sbert_tokens_dir, tiny_bert_dir, tmp_path, capfd):
     result = invoke(capfd, "export", str(tiny_sbert_tokens_dir), "-o", str(tmp_path / "st"))
     assert result.code == 0, result.err
     assert "one vector per token" in result.err and "mean-pooled" in result.err
+    from tiny_models import (
+        save_tiny_sbert,  # windows (sbert-windows, the retriever): their weights export too
+    )
+
+    windows = save_tiny_sbert(tiny_bert_dir, tmp_path / "windows", output="windows")
+    result = invoke(capfd, "export", str(windows), "-o", str(tmp_path / "st-windows"))
+    assert result.code == 0, result.err
+    assert "one vector per window" in result.err and (tmp_path / "st-windows" / "modules.json").exists()
 
 
 def test_a_sentence_transformers_folder_is_a_model(tiny_sbert_dir, tmp_path, capfd):

@@ -75,10 +75,11 @@ def damaged_files(tmp_path):
     wide = tmp_path / "wide.npz"  # metadata that disagrees with the vectors
     np.savez(wide, vectors=good.data, ids=np.array(json.dumps(good.ids)), metadata=np.array('{"dim": 7}'))
     cases.append((wide, "dim 7"))
-    nan = tmp_path / "nan.safetensors"
-    bad = dense_set(["a", "b"])
-    bad.data[1, 2] = np.nan
-    save_embeddings(bad, str(nan))
+    nan = tmp_path / "nan.npy"  # written by another tool: save_embeddings refuses NaN itself
+    save_embeddings(dense_set(["a", "b"]), str(nan))
+    vectors = np.load(nan)
+    vectors[1, 2] = np.nan
+    np.save(nan, vectors)
     cases.append((nan, "NaN"))
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"id": "a", "vector": [1, 2]}\n{"id": "b", "vector": [1]}\n["no"]\n')
@@ -214,7 +215,9 @@ def test_nan_vectors_are_refused_at_build_and_at_load(capfd, tmp_path):
 
     emb = dense_set(["a", "b", "c"])
     emb.data[1, 0] = np.nan
-    save_embeddings(emb, str(tmp_path / "nan.parquet"), format="parquet")
+    with pytest.raises(DocembedError, match="row 1 holds NaN"):  # never written either
+        save_embeddings(emb, str(tmp_path / "nan.parquet"), format="parquet")
+    assert not (tmp_path / "nan.parquet").exists()
     with pytest.raises(DocembedError, match="NaN.*'b'"):
         VectorIndex.build(emb)
     multi = EmbeddingSet(MultiVectors(emb.data, [0, 1, 3]), ["x", "y"], {})

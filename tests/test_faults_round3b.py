@@ -166,6 +166,11 @@ def test_reuse_of_an_int8_set_into_float32_is_refused(capfd, model, tmp_path):  
     assert not (tmp_path / "f.npy").exists()
     args = ["--reuse", tmp_path / "e8.npy", "-o", tmp_path / "g.npy", "--storage", "int8"]
     assert _encode(capfd, docs, "-m", model, *args).code == 0
+    # float16 rows rounded again to int8 are not the int8 values a fresh encode writes
+    assert _encode(capfd, docs, "-m", model, "-o", tmp_path / "e16.npy", "--storage", "float16").code == 0
+    args = ["--reuse", tmp_path / "e16.npy", "-o", tmp_path / "h.npy", "--storage", "int8"]
+    result = _encode(capfd, docs, "-m", model, *args)
+    assert result.code == 2 and "float16" in one_line_error(result.err) and not (tmp_path / "h.npy").exists()
 
 
 # --- 2c, 2d: train-setenc: no zero-width models; --resume keeps the checkpoint's settings ------------------
@@ -279,3 +284,17 @@ def test_a_set_whose_sidecar_name_is_too_long_is_refused_before_the_work(capfd, 
     result = _encode(capfd, corpus(tmp_path / "docs.jsonl", 3), "-m", model, "-o", out)
     assert result.code == 1 and "too long" in one_line_error(result.err) and "x" * 246 in result.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["docs.jsonl"]
+
+
+def test_a_resume_with_nothing_left_to_train_says_so(capfd, tmp_path):
+    """A checkpoint already at --max-steps (or --epochs) trains nothing: said in one line, the model and the
+    summary's last losses kept (a script may always pass --resume)."""
+    docs = corpus(tmp_path / "docs.jsonl", 8)
+    out = tmp_path / "se"
+    assert invoke(capfd, "-q", "train-setenc", docs, "-o", out, *SETENC_TINY, "--max-steps", "2").code == 0
+    weights = (out / "model.safetensors").read_bytes()
+    last = json.loads((out / "train_summary.json").read_text())["last"]
+    again = invoke(capfd, "train-setenc", docs, "-o", out, *SETENC_TINY, "--max-steps", "2", "--resume")
+    assert again.code == 0 and "nothing left to train with --epochs 10, --max-steps 2" in again.err
+    assert "nan" not in again.err and (out / "model.safetensors").read_bytes() == weights
+    assert last and json.loads((out / "train_summary.json").read_text())["last"] == last

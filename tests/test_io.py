@@ -242,3 +242,13 @@ def test_text_range_reads_from_a_byte_offset(tmp_path):
     assert rows == 7 and len(offsets) == 3
     documents, _ = DocumentReader(src).read_range(3, 6, offsets[1])
     assert [(d.id, d.text) for d in documents] == [("3", "line 3"), ("4", "line 4"), ("5", "line 5")]
+
+
+def test_a_set_with_non_finite_vectors_is_never_written(tmp_path):
+    """`load_embeddings` refuses NaN or infinite vectors: `save_embeddings` does not write a file it would."""
+    vectors = np.ones((3, 4), np.float32)
+    vectors[1, 2] = np.nan
+    for name in ("e.npz", "e.jsonl"):
+        with pytest.raises(DocembedError, match="row 1 holds NaN"):
+            save_embeddings(EmbeddingSet(vectors, ["a", "b", "c"], {}), str(tmp_path / name))
+        assert not (tmp_path / name).exists()

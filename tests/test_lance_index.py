@@ -214,8 +214,9 @@ def test_the_table_reads_with_polars(tmp_path, glove_collection):
 # --- refusals -----------------------------------------------------------------------------------------------
 def test_non_finite_vectors_and_duplicate_ids_are_refused(capfd, tmp_path):
     x = _unit(np.random.default_rng(1), 10)
-    x[4, 2] = np.nan
     emb = _dense(tmp_path / "nan.npy", x, [f"d{i}" for i in range(10)])
+    x[4, 2] = np.nan
+    np.save(emb, x)  # NaN written by another tool (save_embeddings refuses them)
     message = _one_line_error(invoke(capfd, "index", "build", emb, "-o", tmp_path / "a", "--store", "lance"))
     assert "NaN or infinite" in message  # the loader refuses it first; the index refuses it too
     from docembed.errors import DocembedError

@@ -332,3 +332,42 @@ def test_pipelines_makefile_reruns_what_a_touch_affects_and_nothing_else(tmp_pat
     assert third.returncode == 0 and DOCEMBED not in third.stdout, third.stdout
     assert make(tmp_path, "-q", "MODELS=static").returncode == 0
     assert leftovers(tmp_path / "out") == []
+
+
+def test_empty_shards_in_every_format_and_with_reuse_merge_back(capfd, model, tmp_path):
+    """Two of five shards of 3 lines are empty parts: written, read back and merged in any format, and with
+    --reuse too."""
+    src = corpus(tmp_path / "docs.jsonl", 3)
+    whole = whole_of(capfd, model, src, tmp_path)
+    for suffix in (".jsonl", ".npz"):
+        parts = []
+        for i in range(5):
+            part = tmp_path / f"p{i}{suffix}"
+            result = invoke(
+                capfd, "encode", src, "-m", model, "--shard", f"{i}/5", "--reuse", whole, "-o", part
+            )
+            assert result.code == 0, result.err
+            parts.append(part)
+        assert sum(len(load_embeddings(str(part))) == 0 for part in parts) == 2
+        merged = tmp_path / f"merged{suffix}.npy"
+        assert invoke(capfd, "merge", *parts, "-o", merged).code == 0
+        a, b = load_embeddings(str(merged)), load_embeddings(str(whole))
+        assert a.ids == b.ids and np.allclose(a.data, b.data)
+
+
+def test_merge_sums_what_the_parts_did_not_read(capfd, tiny_sbert_tokens_dir, tmp_path):
+    """`coverage` (documents cut, tokens not read) of merged shards: the whole run's, not the first part's."""
+    src = tmp_path / "docs.jsonl"
+    texts = ["w1 w2", "w3 " * 300, "w4", "w5 w6 " * 200]  # the two long ones are past the tiny model's window
+    src.write_text("".join(json.dumps({"id": f"d{i}", "text": t}) + "\n" for i, t in enumerate(texts)))
+    whole, merged = tmp_path / "whole.npz", tmp_path / "merged.npz"
+    assert invoke(capfd, "encode", src, "-m", tiny_sbert_tokens_dir, "-o", whole).code == 0
+    parts = [tmp_path / f"part{i}.npz" for i in range(2)]
+    for i, part in enumerate(parts):
+        assert (
+            invoke(capfd, "encode", src, "-m", tiny_sbert_tokens_dir, "--shard", f"{i}/2", "-o", part).code
+            == 0
+        )
+    assert invoke(capfd, "merge", *parts, "-o", merged).code == 0
+    expected = load_embeddings(str(whole)).metadata["coverage"]
+    assert expected["documents_cut"] == 2 and load_embeddings(str(merged)).metadata["coverage"] == expected

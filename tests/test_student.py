@@ -254,6 +254,15 @@ def test_cli_convert_long_and_train_distill(tiny_bert_dir, tiny_sbert_dir, tmp_p
     assert "breadth" in logged and "depth" not in logged
     again = runner.invoke(app, [*args, "--cache-dir", str(tmp_path / "cache")])
     assert again.exit_code != 0  # a finished student is not trained over
+    # a kept PV teacher of other settings (a resumed or a failed run's) is never distilled from in silence
+    other = [a if a != "8" else "16" for a in args]  # --pv-dim 16
+    result = runner.invoke(app, [*other, "--cache-dir", str(tmp_path / "cache"), "--resume"])
+    assert result.exit_code != 0 and "holds a PV teacher of mode dbow, dim 8" in str(result.exception)
+    # a loss that is nothing is refused before the student loads: no folder made
+    bogus = [*args[:4], str(tmp_path / "bogus"), *args[5:], "--depth-loss", "bogus"]
+    result = runner.invoke(app, bogus)
+    assert result.exit_code != 0 and "--depth-loss is one of" in str(result.exception)
+    assert not (tmp_path / "bogus").exists()
     bad = runner.invoke(app, ["train-distill", str(corpus), "-o", str(tmp_path / "x"), "--teacher", "bert"])
     assert bad.exit_code != 0
 

@@ -16,6 +16,24 @@ def weights(directory):
     return json.loads((Path(directory) / "weights.json").read_text())
 
 
+class DroppedInputs(torch.nn.Module):
+    """The toy regression with dropout on its inputs: each step draws from torch's random state."""
+
+    def __init__(self, linear: torch.nn.Linear):
+        super().__init__()
+        self.linear, self.dropout = linear, torch.nn.Dropout(0.5)
+
+    def forward(self, batch):
+        x, y = batch
+        return {"loss": ((self.linear(self.dropout(x)).squeeze(-1) - y) ** 2).mean()}
+
+
+class DropoutRecipe(ToyRecipe):
+    def __init__(self):
+        super().__init__()
+        self.module = DroppedInputs(self.module.linear)
+
+
 def test_loss_goes_down_and_log_is_written(tmp_path):
     summary = train(ToyRecipe(), TrainConfig(output_dir=str(tmp_path), epochs=3, lr=0.05, log_every=2))
     log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
@@ -24,12 +42,14 @@ def test_loss_goes_down_and_log_is_written(tmp_path):
     assert (tmp_path / "checkpoint" / "model.safetensors").exists() and (tmp_path / "weights.json").exists()
 
 
-def test_resume_continues_exactly(tmp_path):
+@pytest.mark.parametrize("recipe", ["plain", "dropout"])  # dropout: the random state is restored too
+def test_resume_continues_exactly(tmp_path, recipe):
+    make = {"plain": ToyRecipe, "dropout": DropoutRecipe}[recipe]
     straight = tmp_path / "straight"
-    train(ToyRecipe(), TrainConfig(output_dir=str(straight), epochs=2, lr=0.05))
+    train(make(), TrainConfig(output_dir=str(straight), epochs=2, lr=0.05))
     resumed = tmp_path / "resumed"
-    train(ToyRecipe(), TrainConfig(output_dir=str(resumed), epochs=2, lr=0.05, max_steps=17))
-    train(ToyRecipe(), TrainConfig(output_dir=str(resumed), epochs=2, lr=0.05, resume=True))
+    train(make(), TrainConfig(output_dir=str(resumed), epochs=2, lr=0.05, max_steps=17))
+    train(make(), TrainConfig(output_dir=str(resumed), epochs=2, lr=0.05, resume=True))
     state = json.loads((resumed / "checkpoint" / "state.json").read_text())
     assert state == {"step": 24, "epoch": 2, "batches_done_in_epoch": 0}
     for key, value in weights(straight).items():

@@ -360,20 +360,23 @@ class Model:
         save_encoder(self.encoder, directory, overwrite)
 
 
-def quantize_embeddings(embeddings: Vectors, precision: str = "int8", calibration_embeddings=None):
-    """Store embeddings in fewer bytes: "int8" / "uint8" (one byte per dimension, ranges from
-    `calibration_embeddings` or the embeddings themselves) or "binary" / "ubinary" (one bit per dimension,
-    packed). This is sentence-transformers' `quantize_embeddings`, applied to every vector of a
-    multi-vector output too. Not `load(..., precision=)`, which is the arithmetic the model runs in."""
+def quantize_embeddings(
+    embeddings: Vectors, precision: str = "int8", ranges=None, calibration_embeddings=None
+):
+    """Store embeddings in fewer bytes: "int8" / "uint8" (one byte per dimension, within `ranges`, a (2,
+    dim) array of each dimension's min and max, else those of `calibration_embeddings` or of the embeddings
+    themselves) or "binary" / "ubinary" (one bit per dimension, packed). This is sentence-transformers'
+    `quantize_embeddings`, with its arguments in its order, applied to every vector of a multi-vector
+    output too. Not `load(..., precision=)`, which is the arithmetic the model runs in."""
     from sentence_transformers import quantize_embeddings as quantize
 
+    calibration = calibration_embeddings
+    if isinstance(calibration, MultiVectors):
+        calibration = calibration.vectors
     if isinstance(embeddings, MultiVectors):
-        calibration = calibration_embeddings
-        if isinstance(calibration, MultiVectors):
-            calibration = calibration.vectors
-        flat = quantize(embeddings.vectors, precision, calibration_embeddings=calibration)
+        flat = quantize(embeddings.vectors, precision, ranges=ranges, calibration_embeddings=calibration)
         return MultiVectors(flat, embeddings.offsets, embeddings.positions)
-    return quantize(np.asarray(embeddings), precision, calibration_embeddings=calibration_embeddings)
+    return quantize(np.asarray(embeddings), precision, ranges=ranges, calibration_embeddings=calibration)
 
 
 def _are_texts(value) -> bool:

@@ -373,11 +373,13 @@ def encode_documents_reusing(
     chunk_size: int = CHUNK_SIZE,
     total: int | None = None,
     coverage: Coverage | None = None,
+    allow_empty: bool = False,
 ) -> tuple[EmbeddingSet, int]:
     """`encode_documents`, taking from `old` (an earlier `encode` output of the same model) the embedding
     of every document whose id and text are unchanged; only new or changed texts are encoded. Returns the
     set (the same rows and metadata a full encode gives) and how many documents were encoded. Refused
-    when `old` came from another model identity (other weights, settings or fitted state)."""
+    when `old` came from another model identity (other weights, settings or fitted state). `allow_empty`:
+    no documents give an empty set shaped as `old` (an empty `--shard`), not an error."""
     identity = model_identity(model)
     if old.metadata.get(MODEL_IDENTITY) != identity:
         raise DocembedError(
@@ -418,13 +420,13 @@ def encode_documents_reusing(
             parts.append(_merge_rows(len(chunk), old.data, reused, fresh, new))
             done += len(chunk)
             bar.set_completed(done)
-    if not ids:
+    if not ids and not allow_empty:
         raise DocembedError("no documents to encode: the input is empty")
     metadata = model.metadata()
     if coverage is not None:
         metadata["coverage"] = coverage.to_metadata()
     metadata.update(reuse_metadata(model, new_digests))
-    return EmbeddingSet(_assemble(parts), ids, metadata), encoded
+    return EmbeddingSet(_assemble(parts) if parts else _empty_like(old.data), ids, metadata), encoded
 
 
 def _merge_rows(size: int, old: Vectors, reused: list, fresh: list[int], new: Vectors | None) -> Vectors:

@@ -248,6 +248,8 @@ def encode(
     settings = EncodeSettings(
         ratio, long, backend, precision, selector, max_vectors, max_length, passage_temperature, long_queries
     )
+    settings.check()
+    reused = _reused_set(reuse, storage) if reuse else None
     encoder = settings.apply(common.load(model))
     in_processes = workers is not None and not encoder.supports("workers")
     if workers is not None and not in_processes:
@@ -258,7 +260,7 @@ def encode(
     # a shard may hold no rows (--shard 7/10 of 3 lines): an empty part that `merge` joins
     empty_ok = (documents.shard_provenance() or {}).get("rows", 0) > 0  # rows of the whole input
     if reuse:
-        embeddings = _encode_reusing(encoder, documents, reuse, batch_size, total, coverage, storage)
+        embeddings = _encode_reusing(encoder, documents, reused, reuse, batch_size, total, coverage, empty_ok)
     elif in_processes:
         from docembed.parallel import WorkerModel, encode_documents_in_processes
         from docembed.runtime import resolve_device
@@ -289,29 +291,37 @@ def encode(
         embeddings.metadata["shard"] = provenance
     save_embeddings(embeddings, output, output_format, overwrite=overwrite, inputs=[input], storage=storage)
     shape = f"dim {embeddings.dim}"
-    if embeddings.is_multi:
+    if embeddings.is_multi and len(embeddings):  # (an empty shard has no mean)
         shape = f"multi-vector, {embeddings.data.counts.mean():.1f} vectors/doc, " + shape
     where = "stdout" if output == "-" else output
     log(f"encoded {len(embeddings)} documents with {encoder.name} ({shape}) -> {where}")
 
 
-def _encode_reusing(encoder, documents, reuse, batch_size, total, coverage, storage):
-    """`encode --reuse OLD`: the embeddings of unchanged documents come from OLD, the rest are encoded."""
-    from docembed.encoding import encode_documents_reusing
+def _reused_set(reuse: str, storage: str):
+    """`encode --reuse OLD`'s set, read (and a storage it cannot be copied into refused) before the model
+    loads; whether the model is the one that wrote it is checked once it has."""
     from docembed.errors import UsageError
     from docembed.io.embeddings import STORAGES, load_embeddings
-    from docembed.runtime import log
 
     old = load_embeddings(reuse)
     kept = old.metadata.get("storage", "float32")
-    # STORAGES runs from the most precise: rows copied from a rounder set would pass for `storage` ones
-    if kept in STORAGES and STORAGES.index(kept) > STORAGES.index(storage):
+    # STORAGES runs from the most precise: rows copied from a rounder set would pass for `storage` ones,
+    # and rows rounded once already round again to other values (float16, then int8) than a fresh encode's
+    if kept in STORAGES and kept not in ("float32", storage):
         raise UsageError(
-            f"--reuse {reuse} holds {kept} vectors: copied into a {storage} output they would pass for "
-            f"{storage} ones; give --storage {kept}, or encode without --reuse"
+            f"--reuse {reuse} holds {kept} vectors: copied into a {storage} output they would not be the "
+            f"{storage} values a fresh encode writes; give --storage {kept}, or encode without --reuse"
         )
+    return old
+
+
+def _encode_reusing(encoder, documents, old, reuse, batch_size, total, coverage, allow_empty):
+    """`encode --reuse OLD`: the embeddings of unchanged documents come from OLD, the rest are encoded."""
+    from docembed.encoding import encode_documents_reusing
+    from docembed.runtime import log
+
     embeddings, encoded = encode_documents_reusing(
-        encoder, documents, old, reuse, batch_size=batch_size, total=total, coverage=coverage
+        encoder, documents, old, reuse, batch_size, total=total, coverage=coverage, allow_empty=allow_empty
     )
     log(f"--reuse: encoded {encoded} new or changed of {len(embeddings)} documents, the rest from {reuse}")
     return embeddings
@@ -348,9 +358,10 @@ def refuse_non_finite(embeddings, model: str) -> None:
     import numpy as np
 
     from docembed.errors import DocembedError
+    from docembed.io.embeddings import first_non_finite_row
 
     data = embeddings.data.vectors if embeddings.is_multi else embeddings.data
-    row = _first_non_finite_row(data)
+    row = first_non_finite_row(data)
     if row is None:
         return
     document = int(np.searchsorted(embeddings.data.offsets, row, "right") - 1) if embeddings.is_multi else row
@@ -359,21 +370,6 @@ def refuse_non_finite(embeddings, model: str) -> None:
         f"{model} made vectors that are not finite (NaN or infinite; first: document {first!r}): nothing "
         "written; are its weights damaged?"
     )
-
-
-def _first_non_finite_row(data, rows_at_once: int = 65536) -> int | None:
-    """The first row of `data` holding a NaN or an infinity, looked for a block of rows at a time: a mask of
-    the whole output would cost a quarter of its size again (400 MB for one 50 MB document's nuggets)."""
-    import numpy as np
-
-    from docembed.tensors import release_pages
-
-    for start in range(0, len(data), rows_at_once):
-        bad = ~np.isfinite(data[start : start + rows_at_once]).all(axis=1)
-        release_pages(data)  # a spilled output is read a block at a time, never resident as a whole
-        if bad.any():
-            return start + int(np.argmax(bad))
-    return None
 
 
 def fit_model_dir(output: str) -> str:

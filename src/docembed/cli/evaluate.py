@@ -69,13 +69,17 @@ def evaluate(
     """
     import json
 
+    from docembed.errors import UsageError
+
     if qrels or run:
+        if output_dir or output != "eval-results":
+            raise UsageError("-o is for task results; --qrels/--run print one JSON line: redirect it")
         _evaluate_run(qrels, run, measures, per_query, tasks)
         return
     if not tasks:
-        from docembed.errors import UsageError
-
         raise UsageError("give task names, or --qrels QRELS --run RUN")
+    if per_query or measures:
+        raise UsageError("--per-query and --measure go with --qrels and --run")
 
     from docembed.evaluation import TASKS, EvalOptions, load_evaluation_model, resolve_tasks, write_result
     from docembed.runtime import log, resolve_device, stderr_console
@@ -88,6 +92,7 @@ def evaluate(
     from docembed.datasets import data_root as resolve_root
 
     resolve_root(data_root)  # fail before loading any model when the data is missing
+    _check_result_names(models, output, names, overwrite)
     results = []
     for spec in models:
         model = load_evaluation_model(spec, device=resolve_device())
@@ -114,6 +119,25 @@ def evaluate(
         )
         table.add_row(r.task, r.model, r.primary_metric, f"{r.score:.2f}", others, f"{r.seconds:.1f}")
     stderr_console().print(table)
+
+
+def _check_result_names(specs: list[str], output: str, names: list[str], overwrite: bool) -> None:
+    """Before any model loads: each -m writes result files named by its model's name (a folder's name), so
+    two models of one name would write the same files, the second over the first; and every model's files
+    are checked free at once, not after the models before it have run."""
+    from docembed.errors import UsageError
+
+    by_name: dict[str, str] = {}
+    for spec in specs:
+        resolved = common.resolve(spec)
+        name = resolved.name if resolved is not None else spec
+        if name in by_name and by_name[name] != spec:
+            raise UsageError(
+                f"-m {by_name[name]} and -m {spec} are both named {name!r}: their results would be one file "
+                "in -o; evaluate them into different -o folders, or give one folder another name"
+            )
+        by_name[name] = spec
+        _check_results_free(output, name, names, overwrite)
 
 
 def _check_results_free(output: str, model: str, names: list[str], overwrite: bool) -> None:

@@ -36,9 +36,13 @@ def export(
             "(use docembed.load in Python, or `docembed encode`, for the others)"
         )
     if encoder.config.output != "mean":
-        what = {"tokens": "one vector per token", "chunks": "the mean of windows over the whole text"}
+        what = {
+            "tokens": "one vector per token",
+            "chunks": "the mean of windows over the whole text",
+            "windows": "one vector per window of the whole text, scored by its passages",
+        }.get(encoder.config.output, f"its {encoder.config.output!r} output")
         log(
-            f"note: {model} gives {what[encoder.config.output]}; the exported folder gives "
+            f"note: {model} gives {what}; the exported folder gives "
             f"sentence-transformers' one mean-pooled vector of the first {encoder.max_seq_length} tokens"
         )
     with directory_output(output, SENTENCE_TRANSFORMERS_DIRECTORY, overwrite, inputs=[model]) as staging:

@@ -105,6 +105,7 @@ def train_distill(
     common.reader(corpus, format, id_field, text_field, False)  # before torch: a wrong file fails at once
     from docembed.encoding import EmbeddingCache
     from docembed.errors import UsageError
+    from docembed.models.paragraph_vector import MODES as PV_MODES
     from docembed.runtime import log, models_home, resolve_device, seed_everything, settings
     from docembed.training.distill_recipe import (
         DistillRecipe,
@@ -121,10 +122,31 @@ def train_distill(
         raise UsageError(f"--teacher takes sbert, pv or sbert,pv; got {teacher!r}")
     if corpus == "-":
         raise UsageError("train-distill reads its corpus more than once: give a file, not stdin")
+    # every option checked before the student loads and the teachers encode
+    distill_settings = DistillSettings(
+        depth_loss=depth_loss,
+        margin=margin,
+        depth_weight=depth_weight,
+        breadth_loss=breadth_loss,
+        cca_dim=cca_dim,
+        pv_projection=pv_projection,
+        alpha=alpha,
+        decorrelation_weight=decorrelation_weight,
+        batch_size=batch_size,
+        gradient_checkpointing=gradient_checkpointing,
+        freeze_embeddings=freeze_embeddings,
+        pair_weight=pair_weight,
+        pair_batch_size=pair_batch_size,
+        seed=settings.seed,
+    )
+    if pv_mode not in PV_MODES:
+        raise UsageError(f"--pv-mode is one of {', '.join(PV_MODES)}, not {pv_mode!r}")
+    if depth_target not in ("whole", "chunks"):
+        raise UsageError(f"--depth-target must be whole or chunks, got {depth_target!r}")
+    if pv_model is not None:
+        common.resolve(pv_model)
     out = Path(output)
-    if (out / "config.json").exists() and not loop.resume:
-        # A finished student is someone's result: don't train over it.
-        raise UsageError(f"{output} already holds a model (use another -o, or --resume)")
+    loop.refuse_trained_output(output)
     out.mkdir(parents=True, exist_ok=True)
     reader = common.reader(corpus, format, id_field, text_field, False)
     texts = [doc.text for doc in itertools.islice(reader, limit or max_docs)]
@@ -140,7 +162,6 @@ def train_distill(
         if len(pair_texts) < 2:
             raise UsageError(f"--pairs-from {pairs_from}: need at least 2 documents, found {len(pair_texts)}")
     device = resolve_device()
-
     model = student_to_train(student, max_length, attention_window, settings.seed)
     log(
         f"student: {model.config.source or student}, {model.config.max_length} tokens, "
@@ -165,22 +186,7 @@ def train_distill(
     recipe = DistillRecipe(
         model,
         texts,
-        DistillSettings(
-            depth_loss=depth_loss,
-            margin=margin,
-            depth_weight=depth_weight,
-            breadth_loss=breadth_loss,
-            cca_dim=cca_dim,
-            pv_projection=pv_projection,
-            alpha=alpha,
-            decorrelation_weight=decorrelation_weight,
-            batch_size=batch_size,
-            gradient_checkpointing=gradient_checkpointing,
-            freeze_embeddings=freeze_embeddings,
-            pair_weight=pair_weight,
-            pair_batch_size=pair_batch_size,
-            seed=settings.seed,
-        ),
+        distill_settings,
         sbert_vectors=vectors.sbert,
         sbert_weights=vectors.sbert_weights,
         pv_vectors=vectors.pv,

@@ -96,6 +96,7 @@ def train_nugget(
 
     from docembed.errors import UsageError
 
+    loop.refuse_trained_output(output)
     if objective == "ae":  # before torch: a wrong file or field fails at once
         common.reader(corpus, format, "id", text_field, False)
     elif objective in ("mt", "sim") and (first := common.check_jsonl_fields(corpus, ())) is not None:

@@ -64,6 +64,7 @@ def train_quickthoughts(
 
     limit = limit or max_docs
     texts = Corpus(corpus, text_field=text_field, limit=limit, root=data_root).check()  # before torch
+    loop.refuse_trained_output(output)
     from docembed.models.quickthoughts import QuickThoughtsConfig, QuickThoughtsEncoder
     from docembed.models.word_vectors import initial_embeddings
     from docembed.runtime import log, seed_everything, settings

@@ -67,16 +67,15 @@ def train_retriever(
 
     Example: docembed train-retriever docs.jsonl --val val.jsonl -o models/retriever --time-budget 3600
     """
-    from pathlib import Path
 
     from docembed.errors import UsageError
     from docembed.training.retrieval_pairs import KINDS
 
     for path in (corpus, val):  # before torch: a wrong file fails at once
         if path is not None:
-            if path == "-" or not Path(path).is_file():
+            if path == "-":
                 raise UsageError(f"{path}: give a JSON Lines file (it is read more than once)")
-            common.check_jsonl_fields(path, (text_field,))
+            common.check_jsonl_fields(path, (text_field,))  # a missing file: "not found", as elsewhere
     if loop.eval_tasks:
         raise UsageError("train-retriever validates on its own documents: give --val, not --eval-task")
     if loop.eval_every and not val:
@@ -85,8 +84,7 @@ def train_retriever(
     unknown = [k for k in chosen if k not in KINDS]
     if unknown or not chosen:
         raise UsageError(f"--kinds takes {', '.join(KINDS)}; got {kinds!r}")
-    if (Path(output) / "config.json").exists() and not loop.resume:
-        raise UsageError(f"{output} already holds a model (use another -o, or --resume)")
+    loop.refuse_trained_output(output)
 
     from docembed.models.sbert import SBertConfig
     from docembed.runtime import log, resolve_device, settings

@@ -61,7 +61,6 @@ def train_setenc(
 
     Example: docembed train-setenc 20newsgroups/train -o models/setenc
     """
-    from pathlib import Path
 
     from docembed.datasets import Corpus
     from docembed.errors import CorruptModelError, UsageError
@@ -78,8 +77,7 @@ def train_setenc(
 
     if counts not in ("bag", "set"):
         raise UsageError(f"--counts must be bag or set, got {counts!r}")
-    if (Path(output) / "checkpoint").exists() and not loop.resume:
-        raise UsageError(f"{output} holds a checkpoint: pass --resume to continue it, or pick another -o")
+    loop.refuse_trained_output(output)
     try:
         config = SetEncoderConfig(
             num_buckets=buckets,

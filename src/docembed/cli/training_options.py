@@ -12,6 +12,8 @@ from dataclasses import dataclass, fields
 
 import typer
 
+AMP_MODES = ("auto", "off", "bf16", "fp16")
+
 
 @dataclass
 class LoopOptions:
@@ -41,12 +43,28 @@ class LoopOptions:
         # Checked before the command loads data or models, not after the first N steps.
         from docembed.errors import UsageError
 
+        if self.amp not in AMP_MODES:
+            raise UsageError(f"--amp is one of {', '.join(AMP_MODES)}, not {self.amp!r}")
         if self.eval_every and not self.eval_tasks and not self.own_validation:
             raise UsageError("--eval-every needs --eval-task (e.g. --eval-task stsb-dev)")
         if self.eval_tasks:
             from docembed.evaluation.validation import selection_tasks
 
             selection_tasks(self.eval_tasks)
+
+    def refuse_trained_output(self, output) -> None:
+        """A folder that holds a trained model or a checkpoint is someone's result: trained over only with
+        --resume (which continues it), never replaced in silence."""
+        from pathlib import Path
+
+        from docembed.errors import DocembedError
+
+        if self.resume:
+            return
+        held = [name for name in ("config.json", "checkpoint") if (Path(output) / name).exists()]
+        if held:
+            what = "a model" if "config.json" in held else "a checkpoint"
+            raise DocembedError(f"{output} already holds {what}: pass --resume to continue it, or another -o")
 
     def train_config(self, output_dir, seed: int, device: str):
         """The loop's TrainConfig for a run writing to `output_dir`."""

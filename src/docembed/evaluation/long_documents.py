@@ -222,16 +222,19 @@ class Halves(PairedRetrieval):
 
     @classmethod
     def from_data_root(cls, options=None, **kwargs) -> Halves:
-        """At most LONG_LIMIT / 2 long documents of each data set (seeded); baselines fit on samples of the
-        IMDB and 20 Newsgroups train splits."""
+        """At most LONG_LIMIT / 2 long documents of each data set (seeded; `options.limit` in all, when
+        smaller); baselines fit on samples of the IMDB and 20 Newsgroups train splits."""
         from docembed import datasets
         from docembed.evaluation.base import EvalOptions
 
         options = options or EvalOptions()
         rng = np.random.default_rng(options.seed)
+        per_set = LONG_LIMIT // 2
+        if options.limit:  # `--limit` / `--eval-limit N`: N documents in all, as every task takes N examples
+            per_set = max(1, min(per_set, options.limit // len(cls.datasets)))
         rows = []
         for name in cls.datasets:
-            rows += long_rows(name, options.data_root, rng, LONG_LIMIT // 2)
+            rows += long_rows(name, options.data_root, rng, per_set)
 
         def train_samples() -> list[str]:
             texts = []

@@ -216,6 +216,19 @@ def check_storage(path: str, format: str | None, storage: str) -> str:
     return format
 
 
+def first_non_finite_row(data, rows_at_once: int = 65536) -> int | None:
+    """The first row of `data` holding a NaN or an infinity, looked for a block of rows at a time: a mask of
+    the whole output would cost a quarter of its size again (400 MB for one 50 MB document's nuggets)."""
+    from docembed.tensors import release_pages
+
+    for start in range(0, len(data), rows_at_once):
+        bad = ~np.isfinite(data[start : start + rows_at_once]).all(axis=1)
+        release_pages(data)  # a spilled output is read a block at a time, never resident as a whole
+        if bad.any():
+            return start + int(np.argmax(bad))
+    return None
+
+
 def save_embeddings(
     emb: EmbeddingSet,
     path: str,
@@ -230,6 +243,9 @@ def save_embeddings(
     safetensors): float32, float16 or int8 (STORAGES). Returns the files written."""
     format = check_storage(path, format, storage)
     check_ids(emb.ids, format)
+    row = first_non_finite_row(emb.data.vectors if emb.is_multi else np.asarray(emb.data))
+    if row is not None:  # `load_embeddings` refuses such a set: never written
+        raise DocembedError(f"vector row {row} holds NaN or infinite values: nothing written to {path}")
     if path != "-":
         refuse_foreign_sidecars(Path(path), format)
     metadata = dict(emb.metadata, dim=emb.dim, count=len(emb), kind="multi" if emb.is_multi else "dense")
@@ -639,6 +655,10 @@ def concat_sets(parts: list[EmbeddingSet], names: list[str] | None = None) -> Em
     hashes = _joined_text_hashes(non_empty)
     if hashes is not None:
         metadata["text_hashes"] = hashes
+    metadata.pop("coverage", None)
+    coverage = _joined_coverage(parts)
+    if coverage is not None:
+        metadata["coverage"] = coverage
     data = concat_vectors([p.data for p in non_empty])
     return EmbeddingSet(data, [i for p in non_empty for i in p.ids], metadata)
 
@@ -653,6 +673,26 @@ def check_same_storage(parts: list[EmbeddingSet], names: list[str]) -> None:
                 f"{names[0]} holds {kinds[0]} vectors and {name} {kind} ones: one set holds one precision; "
                 "encode the parts with the same --storage"
             )
+
+
+COVERAGE_COUNTS = ("documents", "documents_cut", "tokens", "tokens_not_read")
+
+
+def _joined_coverage(parts: list[EmbeddingSet]) -> dict | None:
+    """What the parts' model did not read (`encode`'s `coverage`), summed over the parts; None unless every
+    part says it for the same token limit (one part's figures would pass for the whole set's)."""
+    found = [p.metadata.get("coverage") for p in parts]
+    if not found or not all(isinstance(c, dict) for c in found):
+        return None
+    if len({c.get("max_tokens") for c in found}) != 1:
+        return None
+    try:
+        joined = {"max_tokens": found[0]["max_tokens"]}
+        joined |= {key: sum(int(c[key]) for c in found) for key in COVERAGE_COUNTS}
+    except (KeyError, TypeError, ValueError):
+        return None
+    share = joined["tokens_not_read"] / joined["tokens"] if joined["tokens"] else 0.0
+    return {**joined, "share_not_read": round(share, 6)}
 
 
 def _joined_text_hashes(parts: list[EmbeddingSet]) -> dict | None:
@@ -695,6 +735,9 @@ def _load_jsonl(target: Path) -> EmbeddingSet:
         multi = [m.reshape(len(m), dim) for m in multi]
         keep_positions = all(len(p) == len(m) for p, m in zip(positions, multi, strict=True))
         data: Vectors = MultiVectors.from_list(multi, positions if keep_positions else None)
-    else:
-        data = np.asarray(dense, dtype=np.float32).reshape(len(ids), -1)
+    elif not ids and metadata.get("kind") == "multi":  # an empty multi-vector part (`encode --shard`)
+        data = MultiVectors(np.zeros((0, int(metadata.get("dim") or 0)), np.float32), np.zeros(1, np.int64))
+    else:  # no rows: the width the metadata says, as the binary formats keep it
+        width = -1 if ids else int(metadata.get("dim") or 0)
+        data = np.asarray(dense, dtype=np.float32).reshape(len(ids), width)
     return EmbeddingSet(data, ids, metadata)

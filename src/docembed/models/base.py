@@ -115,6 +115,26 @@ class EncodeSettings:
     passage_temperature: float | None = None
     long_queries: str | None = None
 
+    def check(self) -> None:
+        """Refuse the values no model is needed to refuse (a mode, backend or precision that is nothing, a
+        length or ratio out of range), in one line before a model loads; what a family lacks (--ratio for a
+        dense model) is found when `apply` meets the loaded one."""
+        from docembed.models.inference_backends import check_choice
+
+        modes = (*LONG_MODES, "late-chunks")
+        if self.long_documents is not None and self.long_documents not in modes:
+            raise UsageError(f"--long is one of {', '.join(modes)}, not {self.long_documents!r}")
+        if self.backend is not None or self.precision is not None:
+            check_choice(self.backend or "auto", self.precision or "fp32")
+        if self.max_length is not None and self.max_length < 2:
+            raise UsageError(f"--max-length must be >= 2, got {self.max_length}")
+        if self.ratio is not None and not 0 < self.ratio <= 1:
+            raise UsageError(f"--ratio must be in (0, 1], got {self.ratio}")
+        if self.passage_temperature is not None:
+            check_temperature(self.passage_temperature)
+        if self.long_queries is not None:
+            check_long_queries(self.long_queries)
+
     def apply(self, encoder: Encoder) -> Encoder:
         if self.ratio is not None:
             encoder.set_ratio(self.ratio)

@@ -20,6 +20,7 @@ what `docembed train-distill` trains from.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -154,7 +155,16 @@ def pv_teacher(
 
     if pv_model is None:
         pv_model = str(pv_dir)
-        if not (Path(pv_model) / "config.json").exists():
+        kept = Path(pv_model) / "config.json"
+        if kept.exists():  # a resumed run's teacher (or a failed run's): it must be the one asked for
+            config = json.loads(kept.read_text(encoding="utf-8")).get("config", {})
+            if (config.get("mode"), config.get("vector_size")) != (mode, dim):
+                raise UsageError(
+                    f"{pv_model} holds a PV teacher of mode {config.get('mode')}, dim "
+                    f"{config.get('vector_size')}; this run asks for {mode}, dim {dim}: give the same "
+                    "--pv-mode and --pv-dim, or remove it to train another"
+                )
+        else:
             name = getattr(corpus, "name", "the corpus")
             log(f"no --pv-model: training a PV teacher ({mode}, dim {dim}) on {name} -> {pv_model}")
             # train-pv's defaults, one worker thread so the teacher is reproducible
@@ -235,6 +245,23 @@ class DistillSettings:
     pair_scale: float = 20.0  # the contrastive loss' inverse temperature
     pair_max_words: int = 1400  # words per view (the student's 2,048 tokens hold about 1,500)
     seed: int = 0
+
+    def __post_init__(self):
+        # checked when the command starts, not after the student loads and the teachers encode
+        from docembed.losses.distill import KINDS
+        from docembed.losses.soft_cca import OBJECTIVES
+
+        for option, value, allowed in (
+            ("--depth-loss", self.depth_loss, KINDS),
+            ("--breadth-loss", self.breadth_loss, OBJECTIVES),
+            ("--pv-projection", self.pv_projection, ("identity", "linear")),
+        ):
+            if value not in allowed:
+                raise UsageError(f"{option} is one of {', '.join(allowed)}, not {value!r}")
+        if self.breadth_loss == "mse" and self.pv_projection != "identity":
+            raise UsageError(
+                "--breadth-loss mse needs --pv-projection identity (two free projections collapse)"
+            )
 
 
 class DistillRecipe(Recipe):

@@ -302,13 +302,19 @@ class Checkpoint:
         tmp.mkdir(parents=True, exist_ok=True)
         save_file(untied_state(module), str(tmp / "model.safetensors"))
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        # the random state the next step draws its dropout from: a resumed run draws what an uninterrupted
+        # one would have (rank 0's; the other ranks of a DDP run are seeded afresh)
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
+        torch.save({"cpu": torch.get_rng_state(), "cuda": cuda}, tmp / "rng.pt")
         record = state if self.settings is None else {**state, "settings": self.settings}
         (tmp / "state.json").write_text(json.dumps(record, indent=2))
         swap_in_folder(tmp, self.dir)
 
-    def load(self, module: nn.Module, optimizer, device: str) -> dict:
-        """The loop position, after loading the weights and optimiser state into `module` and `optimizer`.
-        A checkpoint of another model (sizes differ) or a damaged one is a CorruptModelError naming it."""
+    def load(self, module: nn.Module, optimizer, device: str, restore_rng: bool = True) -> dict:
+        """The loop position, after loading the weights and optimiser state into `module` and `optimizer`,
+        and with `restore_rng` the random state saved with them (a checkpoint written before it was kept:
+        the seed's). A checkpoint of another model (sizes differ) or a damaged one is a CorruptModelError
+        naming it."""
         import pickle
 
         from safetensors import SafetensorError
@@ -323,6 +329,15 @@ class Checkpoint:
             optimizer.load_state_dict(
                 torch.load(self.dir / "optimizer.pt", map_location=device, weights_only=True)
             )
+            if restore_rng and (self.dir / "rng.pt").exists():
+                rng = torch.load(self.dir / "rng.pt", weights_only=True)
+                torch.set_rng_state(rng["cpu"])
+                if (
+                    rng["cuda"]
+                    and torch.cuda.is_available()
+                    and len(rng["cuda"]) == torch.cuda.device_count()
+                ):
+                    torch.cuda.set_rng_state_all(rng["cuda"])
         except (
             OSError,
             ValueError,
@@ -396,6 +411,15 @@ class BestWeights:
             self.dir.rmdir()
 
 
+def _previous_last(output_dir: Path) -> dict:
+    """The last logged losses of the run a resume continues (its train_summary.json), {} without one."""
+    try:
+        last = json.loads((output_dir / "train_summary.json").read_text()).get("last")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return last if isinstance(last, dict) else {}
+
+
 def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None) -> dict[str, Any]:
     """Run `recipe` to completion; returns a summary (steps, seconds, throughput, last losses, and with
     `validate` the best validation step and score).
@@ -429,8 +453,14 @@ def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None)
     resumed = config.resume and checkpoint.exists()
     if resumed:
         checkpoint.check_settings()
-        state = checkpoint.load(module, optimizer, device)
+        state = checkpoint.load(module, optimizer, device, restore_rng=env.world_size == 1)
         step, epoch, done_in_epoch = state["step"], state["epoch"], state["batches_done_in_epoch"]
+        if epoch >= config.epochs or (config.max_steps is not None and step >= config.max_steps):
+            # a finished run resumed (a script that always passes --resume): nothing trains, nothing is lost
+            limits = f"--epochs {config.epochs}" + (
+                f", --max-steps {config.max_steps}" if config.max_steps else ""
+            )
+            log(f"{checkpoint.dir} is at step {step}, epoch {epoch}: nothing left to train with {limits}")
         log(f"resumed from {checkpoint.dir}: step {step}, epoch {epoch}, batch {done_in_epoch}")
     elif config.resume:
         log(f"nothing to resume in {output_dir} (no checkpoint): training from step 0")
@@ -470,7 +500,7 @@ def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None)
     started = time.perf_counter()
     units_total = 0
     last: dict[str, float] = {}
-    stop = False
+    stop = bool(config.max_steps) and step >= config.max_steps  # resumed at --max-steps: no step more
     position = {"step": step, "epoch": epoch, "batches_done_in_epoch": done_in_epoch}
     module.train()
     try:
@@ -556,7 +586,7 @@ def train(recipe: Recipe, config: TrainConfig, validate: Validate | None = None)
         f"{recipe.unit}_per_s": round(units_all / max(seconds - eval_seconds, 1e-9), 1),
         "world_size": env.world_size,
         "device": device,
-        "last": last,
+        "last": last or (_previous_last(output_dir) if resumed else {}),  # a resume that trained nothing
         "config": asdict(config),
     }
     if validate is not None:

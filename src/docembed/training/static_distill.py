@@ -94,7 +94,8 @@ def distill_static(config: StaticConfig, corpus: Iterable[str], seed: int = 0) -
 
     encoder = StaticEncoder.from_base(config)
     transformer = AutoModel.from_pretrained(str(minilm_path()))
-    log(f"distilling {len(encoder.tokenizer)} tokens of {config.base} to {config.dim} dimensions")
+    dim = min(config.dim, transformer.config.hidden_size)  # PCA keeps at most the base's width
+    log(f"distilling {len(encoder.tokenizer)} tokens of {config.base} to {dim} dimensions")
     outputs = token_outputs(transformer, encoder.tokenizer)
     counts = token_frequencies(encoder.tokenizer, corpus) if config.weighting != "none" else None
     if counts is None:
