@@ -364,3 +364,38 @@ def test_passages_through_a_server_are_the_passages_of_the_model_loaded_here(cap
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=30)
+
+
+def test_search_reads_queries_as_the_documents_were_encoded(capfd, tmp_path, tiny_sbert_dir):
+    """Settings given to `encode` (here --long windows) are recorded with the vectors, and `search` encodes
+    its queries with them: a long query is the mean of its windows, as each document was, not its first."""
+    from docembed.io.embeddings import load_embeddings
+
+    index = encode_and_index(capfd, tmp_path, tiny_sbert_dir, DOCS, "--long", "windows")
+    recorded = load_embeddings(str(tmp_path / "docs.npz")).metadata["encode_settings"]
+    assert recorded == {"long_documents": "windows"}
+    long_query = " ".join([QUERY, *DOCS[1].split()[:80]])
+    found = json.loads(invoke(capfd, "search", index, "--query", long_query, "-k", "3").out)["results"]
+    windows = docembed.load(str(tiny_sbert_dir), long_documents="windows")
+    expected = windows.similarity(long_query, DOCS)[0]
+    by_id = {hit["id"]: hit["score"] for hit in found}
+    np.testing.assert_allclose([by_id[f"d{i}"] for i in range(len(DOCS))], expected, atol=1e-5)
+    queries_by_default = docembed.load(str(tiny_sbert_dir)).encode([long_query])
+    assert not np.allclose(
+        windows.similarity(queries_by_default, windows.encode(DOCS))[0], expected, atol=1e-3
+    )
+    # `serve --index` (its model from the index) reads queries the same way
+    import signal
+    import urllib.request
+
+    from cli_helpers import start_server
+
+    server, url = start_server("--index", index)
+    try:
+        body = json.dumps({"queries": [long_query], "k": 3}).encode()
+        with urllib.request.urlopen(urllib.request.Request(f"{url}/search", body), timeout=60) as answer:
+            served = json.loads(answer.read())["results"][0]["results"]
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)
+    assert {hit["id"]: hit["score"] for hit in served} == pytest.approx(by_id, abs=1e-5)

@@ -728,8 +728,18 @@ def recorded_model_of(directory: str | Path) -> str | None:
     directory = Path(directory)
     if not is_lance_dir(directory):
         return faiss_model(directory)
-    metadata = json.loads((directory / MARKER).read_text(encoding="utf-8")).get("metadata", {})
+    metadata = recorded_metadata_of(directory)
     return metadata.get("model_source") or metadata.get("model")
+
+
+def recorded_metadata_of(directory: str | Path) -> dict:
+    """The embeddings' metadata the index in `directory` keeps, read without opening it, either store."""
+    from docembed.faiss_index import read_index_meta
+
+    directory = Path(directory)
+    if not is_lance_dir(directory):
+        return read_index_meta(directory / "meta.json")
+    return json.loads((directory / MARKER).read_text(encoding="utf-8")).get("metadata", {})
 
 
 # --- a collection written in pieces: writers write fragments, one commit makes the table ------------------

@@ -701,6 +701,9 @@ def search(
 
     def query_model():
         """(the query encoder, the fusion or None), loaded once when first needed."""
+        from docembed.models.base import recorded_settings
+        from docembed.runtime import settings as runtime
+
         if not loaded:
             encoder = common.load(spec)
             if lance is not None and lexical is None and encoder.family == "fusion":  # its own full text
@@ -708,7 +711,11 @@ def search(
                 fusion = encoder
             else:
                 fusion = hybrid_fusion(encoder, lexical)
-            loaded.append((fusion.model if fusion is not None else encoder, fusion))
+            queries_by = fusion.model if fusion is not None else encoder
+            if not runtime.server and (model is None or model == vector_index.recorded_model()):
+                # the settings the indexed documents were encoded with (--ratio, --long, ...): the queries too
+                recorded_settings(vector_index.metadata).apply(queries_by)
+            loaded.append((queries_by, fusion))
             if passages:
                 from docembed.passages import check_passage_model
 

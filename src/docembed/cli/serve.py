@@ -84,8 +84,15 @@ def serve(
         from docembed.faiss_index import refuse_hybrid_spec
 
         refuse_hybrid_spec(resolved)
+    loaded = load(spec, device=settings.device)
+    if model is None and index is not None and not getattr(loaded.encoder, "scorer_only", False):
+        from docembed.lance_index import recorded_metadata_of
+        from docembed.models.base import recorded_settings
+
+        # the index's own model, with the settings its documents were encoded with (--ratio, --long, ...)
+        recorded_settings(recorded_metadata_of(index)).apply(loaded.encoder)
     service = EmbeddingService(
-        load(spec, device=settings.device),
+        loaded,
         index,
         batch_size,
         lexical=lexical_index,

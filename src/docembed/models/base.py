@@ -152,7 +152,24 @@ class EncodeSettings:
             encoder.set_long_queries(self.long_queries)
         if self.backend or self.precision:
             encoder.set_inference(self.backend, self.precision)
+        given = {key: getattr(self, key) for key in RECORDED_SETTINGS if getattr(self, key) is not None}
+        if given:  # recorded in the outputs' metadata: a search encodes its queries with them too
+            encoder.encode_settings = {**encoder.encode_settings, **given}
         return encoder
+
+
+#: the encode-time settings that change a model's vectors, recorded with its outputs (`encode_settings`) so
+#: that `search` and `serve` read queries as the indexed documents were read (the passage temperature and
+#: the long-query reading are recorded on their own, as the index scores with them)
+RECORDED_SETTINGS = ("ratio", "long_documents", "selector", "max_vectors", "max_length")
+
+
+def recorded_settings(metadata: dict) -> EncodeSettings:
+    """The EncodeSettings an output's metadata records (none for one written before they were kept)."""
+    found = metadata.get("encode_settings")
+    if not isinstance(found, dict):
+        return EncodeSettings()
+    return EncodeSettings(**{key: found[key] for key in RECORDED_SETTINGS if key in found})
 
 
 class Encoder(ABC):
@@ -163,6 +180,8 @@ class Encoder(ABC):
     family: ClassVar[str] = ""
     config_class: ClassVar[type[EncoderConfig]] = EncoderConfig
     capabilities: ClassVar[frozenset[str]] = frozenset()
+    # the encode-time settings applied to this model (EncodeSettings.apply; replaced, never changed in place)
+    encode_settings: dict[str, Any] = {}
 
     def __init__(self, config: EncoderConfig, name: str | None = None):
         self.config = config
@@ -375,6 +394,8 @@ class Encoder(ABC):
             meta["long_queries"] = self.long_queries
         if self.passage_group_tokens:
             meta["passage_group_tokens"] = self.passage_group_tokens
+        if self.encode_settings:
+            meta["encode_settings"] = dict(self.encode_settings)
         if self.source and Path(self.source).parent != _ZOO_DIR:
             meta["model_source"] = self.source  # a saved model: by its path
         return meta
