@@ -231,12 +231,11 @@ def _require_ids(keys: list[str], docs: dict[str, str], source: str, line_number
 
 def _refuse_repeated_ids(candidates: list[str], source: str, line_number: int) -> None:
     """A candidate id given twice in a row: a run ranks each document once (`evaluate --run` refuses it)."""
-    seen: set[str] = set()
-    repeated = [c for c in candidates if c in seen or seen.add(c)]
+    from collections import Counter
+
+    repeated = [doc_id for doc_id, n in Counter(candidates).items() if n > 1]
     if repeated:
-        raise InputFormatError(
-            source, line_number, f"candidate ids given twice: {', '.join(dict.fromkeys(repeated[:5]))}"
-        )
+        raise InputFormatError(source, line_number, f"candidate ids given twice: {', '.join(repeated[:5])}")
 
 
 def validation_queries(
