@@ -305,3 +305,32 @@ def test_save_writes_a_model_folder_and_never_over_a_users_folder(tmp_path):
     with pytest.raises(docembed.DocembedError):
         model.save(mine, overwrite=True)
     assert (mine / "notes.txt").read_text() == "keep"
+
+
+def test_api_edge_cases_of_vectors_passed_to_similarity_and_passages(tiny_sbert_dir, tiny_sbert_tokens_dir):
+    """A multi-vector model's one-string output (in a list) beside a set, a dense model's list of rows, a
+    negative index into a set, and a prompt given to encode_query."""
+    import docembed
+
+    tokens = docembed.load(str(tiny_sbert_tokens_dir), device="cpu")
+    texts = ["a cat sat on the mat", "dogs run in the park", "stocks fell"]
+    sets = tokens.encode(texts)
+    one = tokens.encode("a cat on a mat")
+    assert one.ndim == 2
+    expected = tokens.similarity(["a cat on a mat"], texts)
+    np.testing.assert_allclose(tokens.similarity([one], sets), expected, atol=1e-5)  # one text: in a list
+    with pytest.raises(docembed.DocembedError, match=r"go in a list, \[vectors\]"):
+        tokens.similarity(one, sets)  # a bare (k, dim) array could be k pooled rows: not guessed
+    assert np.array_equal(sets[-1], sets[2]) and len(sets[-1]) > 0
+    with pytest.raises(IndexError):
+        sets[3]
+    dense = docembed.load(str(tiny_sbert_dir), device="cpu")
+    rows = dense.encode(texts, convert_to_numpy=False)
+    np.testing.assert_allclose(
+        dense.similarity(rows, texts[:1]), dense.similarity(texts, texts[:1]), atol=1e-5
+    )
+    prompted = docembed.load(str(tiny_sbert_dir), device="cpu", prompts={"query": "q: "})
+    np.testing.assert_allclose(prompted.encode_query("x", prompt="zz "), prompted.encode("zz x"), atol=1e-6)
+    np.testing.assert_allclose(prompted.encode_query("x"), prompted.encode("q: x"), atol=1e-6)
+    with pytest.raises(docembed.DocembedError, match="device is auto, cpu, cuda"):
+        docembed.load(str(tiny_sbert_dir), device="gpu")

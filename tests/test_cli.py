@@ -129,11 +129,17 @@ def test_rerank_ids_and_texts(capfd, tmp_path):
         "L0\tthe feline rested on the rug\nR0\tbond yields fell\nR1\ta cat lay on the carpet\nR2\t\n"
     )
     tasks = tmp_path / "tasks.jsonl"
-    tasks.write_text(json.dumps({"source": "L0", "candidates": ["R0", "R2", "R1"]}) + "\n")
+    tasks.write_text(
+        json.dumps({"qid": "q7", "source": "L0", "candidates": ["R0", "R2", "R1"], "answer": 2}) + "\n"
+    )
     for model in ("sbert", "sbert-tokens"):
         result = invoke(capfd, "rerank", tasks, "--docs", docs, "-m", model)
         row = json.loads(result.out)
         assert row["source"] == "L0" and row["ranking"][0]["id"] == "R1"
+        assert (row["qid"], row["answer"]) == (
+            "q7",
+            2,
+        ) and "candidates" not in row  # the ranking replaces them
         scores = [c["score"] for c in row["ranking"]]
         assert scores == sorted(scores, reverse=True) and len(scores) == 3
     queries = tmp_path / "q.jsonl"

@@ -168,6 +168,7 @@ def test_the_best_passage_is_the_part_about_the_query(capfd, tmp_path, passages_
         docembed.load("glove-avg", device="cpu").best_passages(QUERY, DOCS)
     # an empty document has no passage to name, in the API and in rerank
     assert model.best_passages(QUERY, ["", "   ", DOCS[0]])[:2] == [None, None]
+    assert model.best_passages(QUERY, []) == []
     tasks.write_text(json.dumps({"query": QUERY, "candidates": ["", "   ", DOCS[0]]}) + "\n")
     ranked = invoke(capfd, "rerank", tasks, "-m", passages_dir, "--passages")
     by_text = {row["text"]: row["passage"] for row in json.loads(ranked.out)["ranking"]}

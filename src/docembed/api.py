@@ -264,12 +264,19 @@ class Model:
         return tokens
 
     def encode_query(self, texts: str | Sequence[str], batch_size: int = 32, **options):
-        """`encode` with the model's query prompt (the same as `encode` when it has none)."""
-        return self.encode(texts, batch_size, prompt=self.prompts.get("query"), **options)
+        """`encode` with the model's query prompt (the same as `encode` when it has none; `prompt=` or
+        `prompt_name=` given here is used instead, as in sentence-transformers)."""
+        return self._encode_with_prompt("query", texts, batch_size, options)
 
     def encode_document(self, texts: str | Sequence[str], batch_size: int = 32, **options):
-        """`encode` with the model's document prompt (the same as `encode` when it has none)."""
-        return self.encode(texts, batch_size, prompt=self.prompts.get("document"), **options)
+        """`encode` with the model's document prompt (the same as `encode` when it has none; `prompt=` or
+        `prompt_name=` given here is used instead)."""
+        return self._encode_with_prompt("document", texts, batch_size, options)
+
+    def _encode_with_prompt(self, kind: str, texts, batch_size: int, options: dict):
+        if "prompt" not in options and "prompt_name" not in options:
+            options["prompt"] = self.prompts.get(kind)
+        return self.encode(texts, batch_size, **options)
 
     def fit(self, texts: Sequence[str]) -> Model:
         """Fit a corpus-fitted family (tfidf, bm25) on `texts`; pv and setenc train with
@@ -296,7 +303,11 @@ class Model:
             return sparse_cosines(left, right).astype(np.float32)
         left, right = self._as_vectors(a), self._as_vectors(b)
         if isinstance(left, MultiVectors) != isinstance(right, MultiVectors):
-            raise UsageError("similarity needs two dense or two multi-vector inputs (pool both or neither)")
+            raise UsageError(
+                "similarity needs two dense or two multi-vector inputs (pool both or neither); one text's "
+                "vectors (a multi-vector model's `encode` of one string) go in a list, [vectors], or give "
+                "the text"
+            )
         return score_matrix(left, right, *passage_scoring(self.encoder))
 
     def best_passages(self, query: str, documents: Sequence[str]) -> list[dict]:
@@ -309,6 +320,8 @@ class Model:
         from docembed.scoring import best_passages, passage_span
 
         documents = list(documents)
+        if not documents:
+            return []
         part = passage_part(self.encoder)
         spans = part.passage_spans(documents)  # refuses a model without passages, before encoding
         texts = [query, *documents]
@@ -345,8 +358,11 @@ class Model:
             value = self.encode(list(value))  # texts (an empty list is no texts)
         if isinstance(value, MultiVectors):
             return value
-        if isinstance(value, list):  # a list of (k_i, dim) arrays: the list view of a multi-vector output
-            return MultiVectors.from_list([np.asarray(v, dtype=np.float32) for v in value])
+        if isinstance(value, list):
+            arrays = [np.asarray(v, dtype=np.float32) for v in value]
+            if arrays and all(a.ndim == 1 for a in arrays):  # a dense model's rows (convert_to_numpy=False)
+                return np.stack(arrays)
+            return MultiVectors.from_list(arrays)  # (k_i, dim) arrays: the list view of a multi-vector output
         array = np.asarray(value, dtype=np.float32)
         if array.ndim == 1:
             return array[None, :]

@@ -47,6 +47,8 @@ def resolve_device(device: str | None = None) -> str:
     from docembed.errors import UsageError
 
     device = device or settings.device
+    if device not in ("auto", "cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise UsageError(f"device is auto, cpu, cuda or cuda:N, not {device!r}")
     if device == "cpu" or (device == "auto" and "torch" not in sys.modules and not _gpu_driver_present()):
         return "cpu"
     import torch

@@ -109,9 +109,10 @@ def rerank_rows(
 ) -> Iterator[dict]:
     """Rerank each task row, best first. A row is {"source": id, "candidates": [ids]} (texts from `docs`),
     {"query": text, "candidates": [ids]} or {"query": text, "candidates": [texts]}. `rows` yields
-    (line_number, record). Rows are processed in chunks: all texts of a chunk are encoded together, each
-    distinct document once. `passages`: each candidate also gets "passage": [start, end], the character
-    offsets of the passage the query matches best (a model whose vectors are passages:
+    (line_number, record); each output row keeps the row's other fields (an id, an answer) but its
+    candidates, which its ranking replaces. Rows are processed in chunks: all texts of a chunk are encoded
+    together, each distinct document once. `passages`: each candidate also gets "passage": [start, end],
+    the character offsets of the passage the query matches best (a model whose vectors are passages:
     Encoder.passage_spans; a fusion: its part that has them, passages.passage_part)."""
     part = passage_part(model) if passages else None
     for chunk in batched(rows, chunk_size):
@@ -121,14 +122,15 @@ def rerank_rows(
             query_key, candidate_keys, query_id, candidate_ids = _resolve(row, docs, source, line_number)
             q = unique.add(*_keyed(query_key, query_id, docs))
             c = [unique.add(*_keyed(k, candidate_ids, docs)) for k in candidate_keys]
-            plans.append((query_key, candidate_keys, query_id, candidate_ids, q, c))
+            kept = {key: value for key, value in row.items() if key != "candidates"}  # qid, answer, ...
+            plans.append((kept, query_key, candidate_keys, query_id, candidate_ids, q, c))
         spans = part.passage_spans(unique.texts) if passages else None
         scorer = getattr(model, "scorer_only", False)
         vectors = None if scorer else _encode(model, unique.texts, batch_size)
         score, part_vectors = _scorer(model, unique.texts, batch_size) if scorer else (None, None)
         if passages and scorer:
             vectors = part_vectors[part]  # a fusion's part: the passages its own encoding names
-        for query_key, candidate_keys, query_id, candidate_ids, q, c in plans:
+        for kept, query_key, candidate_keys, query_id, candidate_ids, q, c in plans:
             if score is not None:  # bm25, a fusion: scores over the query's own candidates
                 scores = score(unique.texts[q], [unique.texts[i] for i in c])
             elif _sparse_rows(model):
@@ -143,7 +145,7 @@ def rerank_rows(
                 best, _ = best_passages(_take(vectors, q)[0], _gather(vectors, c), group_tokens)
                 for entry, i in zip(ranking, order, strict=True):
                     entry["passage"] = passage_span(spans[c[i]], best[i])
-            yield {("source" if query_id else "query"): query_key, "ranking": ranking}
+            yield {**kept, ("source" if query_id else "query"): query_key, "ranking": ranking}
 
 
 def _text(key: str, is_id: bool, docs: dict[str, str] | None) -> str:

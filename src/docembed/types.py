@@ -32,6 +32,10 @@ class MultiVectors:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"text {i} of a set of {n}")
+        i %= n  # -1 is the last text, as a list's
         return self.vectors[self.offsets[i] : self.offsets[i + 1]]
 
     def __iter__(self) -> Iterator[np.ndarray]:
