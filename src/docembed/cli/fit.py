@@ -91,9 +91,11 @@ def fit(
     bm25_config = BM25Config(**bm25_options) if fitted == "bm25" else None  # a wrong value fails now
     tfidf_options = {k: v for k, v in (("svd_dim", svd_dim), ("ngram_max", ngram_max)) if v is not None}
     if family == "fusion":
-        parts = {"lexical": lexical, "model": model, "normalization": normalization, "weight": weight}
         options = tfidf_options if fitted == "tfidf" else bm25_options
-        return _fit_fusion(input, output, format, text_field, overwrite, validation, docs, options, **parts)
+        return _fit_fusion(
+            input, output, format, text_field, lexical, model, validation, docs, normalization, weight,
+            overwrite, options,
+        )  # fmt: skip
     # all or nothing, under the output's lock from the start: a second fit to the same output fails at once
     with directory_output(output, MODEL_DIRECTORY, overwrite, inputs=[input]) as staging:
         texts = [doc.text for doc in common.reader(input, format, "id", text_field, False)]
@@ -110,8 +112,8 @@ FUSION_LEXICAL_FAMILY = {"tfidf": "tfidf", "tfidf-bigrams": "tfidf", "bm25": "bm
 
 
 def _fit_fusion(
-    input, output, format, text_field, overwrite, validation, docs, lexical_options, *, lexical, model,
-    normalization, weight
+    input, output, format, text_field, lexical, model, validation, docs, normalization, weight, overwrite,
+    lexical_options,
 ):  # fmt: skip
     """Fit the lexical part (with `lexical_options` set on its config) on the corpus, choose the weight on
     --validation (or take --weight), save."""

@@ -104,7 +104,7 @@ def serve(
     try:
         server = make_server(service, host, port, request_timeout)
     except OSError as error:
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+        raise _cannot_listen(host, port, error) from None
     bound_host, bound_port = server.server_address[:2]
     served = service.index
     documents = f" and {len(served)} documents" if served is not None else ""
@@ -120,11 +120,15 @@ def _check_port(host: str, port: int) -> None:
     http.server's): the usual mistake, a port another server holds, is one line before anything loads."""
     import socket
 
-    from docembed.errors import UsageError
-
     try:
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as error:
-        raise UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+        raise _cannot_listen(host, port, error) from None
+
+
+def _cannot_listen(host: str, port: int, error: OSError):
+    from docembed.errors import UsageError
+
+    return UsageError(f"cannot listen on {host}:{port}: {error.strerror or error}")

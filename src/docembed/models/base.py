@@ -73,6 +73,16 @@ def check_temperature(value: float) -> None:
         raise UsageError(f"passage_temperature is between 0 (the best passage) and 10, not {value!r}")
 
 
+def check_ratio(value: float) -> None:
+    if not 0 < value <= 1:
+        raise UsageError(f"--ratio must be in (0, 1], got {value}")
+
+
+def check_max_length(value: int) -> None:
+    if value < 2:
+        raise UsageError(f"--max-length must be >= 2, got {value}")
+
+
 def check_long_queries(value: str) -> None:
     from docembed.scoring import LONG_QUERIES
 
@@ -98,6 +108,7 @@ CAPABILITIES = {
 }
 
 LONG_MODES = ("truncate", "windows")
+ALL_LONG_MODES = (*LONG_MODES, "late-chunks")  # every family's --long values: the student's late chunks too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,15 +132,14 @@ class EncodeSettings:
         dense model) is found when `apply` meets the loaded one."""
         from docembed.models.inference_backends import check_choice
 
-        modes = (*LONG_MODES, "late-chunks")
-        if self.long_documents is not None and self.long_documents not in modes:
-            raise UsageError(f"--long is one of {', '.join(modes)}, not {self.long_documents!r}")
+        if self.long_documents is not None and self.long_documents not in ALL_LONG_MODES:
+            raise UsageError(f"--long is one of {', '.join(ALL_LONG_MODES)}, not {self.long_documents!r}")
         if self.backend is not None or self.precision is not None:
             check_choice(self.backend or "auto", self.precision or "fp32")
-        if self.max_length is not None and self.max_length < 2:
-            raise UsageError(f"--max-length must be >= 2, got {self.max_length}")
-        if self.ratio is not None and not 0 < self.ratio <= 1:
-            raise UsageError(f"--ratio must be in (0, 1], got {self.ratio}")
+        if self.max_length is not None:
+            check_max_length(self.max_length)
+        if self.ratio is not None:
+            check_ratio(self.ratio)
         if self.passage_temperature is not None:
             check_temperature(self.passage_temperature)
         if self.long_queries is not None:

@@ -50,6 +50,7 @@ from docembed.models.base import (
     Encoder,
     EncoderConfig,
     NotSupportedError,
+    check_ratio,
     check_temperature,
     load_state_dict,
     read_config,
@@ -617,8 +618,7 @@ class NuggetEncoder(inference_backends.InferenceChoice, Encoder):
 
     def set_ratio(self, ratio: float) -> None:
         """Change r at encode time (`docembed encode --ratio`)."""
-        if not 0 < ratio <= 1:
-            raise UsageError(f"--ratio must be in (0, 1], got {ratio}")
+        check_ratio(ratio)
         self.config.ratio = ratio
         self.model.ratio = ratio
 

@@ -30,10 +30,11 @@ import numpy as np
 from docembed.errors import CorruptModelError, DocembedError, UsageError
 from docembed.models import inference_backends
 from docembed.models.base import (
-    LONG_MODES,
+    ALL_LONG_MODES,
     Encoder,
     EncoderConfig,
     check_long_queries,
+    check_max_length,
     check_temperature,
     load_state_dict,
     read_config,
@@ -51,7 +52,7 @@ from docembed.tensors import (
 from docembed.types import Vectors, l2_normalize
 
 TOKENIZER_SUBDIR = "tokenizer"
-LONG_DOCUMENTS = (*LONG_MODES, "late-chunks")
+LONG_DOCUMENTS = ALL_LONG_MODES
 # Sources whose absolute positions start after the padding index (fairseq's make_positions).
 ROBERTA_STYLE = {"roberta", "xlm-roberta", "camembert", "longformer"}
 BERT_STYLE = {"bert"}
@@ -160,8 +161,7 @@ class StudentEncoder(inference_backends.InferenceChoice, Encoder):
         """Read `max_length` tokens in one pass ([CLS] and [SEP] included). Beyond the positions the model
         has, its table is continued the way convert_long built it (source position p mod n: the zoo
         student's positions repeat MiniLM's 512), while the sliding window keeps time and memory linear."""
-        if max_length < 2:
-            raise UsageError(f"--max-length must be >= 2, got {max_length}")
+        check_max_length(max_length)
         self.config.max_length = max_length
         self.tokenizer.model_max_length = max_length
         self._runner = None
@@ -454,8 +454,7 @@ def convert_to_long(model, tokenizer, max_length: int = 4096, attention_window: 
         raise UsageError("convert-long needs absolute position embeddings")
     if attention_window < 2 or attention_window % 2:
         raise UsageError(f"--attention-window must be an even number >= 2, got {attention_window}")
-    if max_length < 2:
-        raise UsageError(f"--max-length must be >= 2, got {max_length}")
+    check_max_length(max_length)
     pad = source.pad_token_id if source.pad_token_id is not None else 0
     config = LongformerConfig(
         vocab_size=source.vocab_size,
